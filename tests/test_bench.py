@@ -1,0 +1,172 @@
+"""tricks_lib.bench: known costs, interleaving, significance, and argument errors."""
+
+import math
+import time
+
+import pytest
+import torch
+
+from tricks_lib.bench import Comparison, Measurement, _median_interval, compare, format_seconds, measure, time_first_call
+
+
+def busy(seconds):
+    """A workload of known wall-clock cost: spin until `seconds` have passed."""
+
+    def spin():
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pass
+
+    return spin
+
+
+def test_measure_known_cost_within_tolerance():
+    m = measure(busy(0.002), label="2 ms", min_run_time=0.1, device="cpu")
+    assert isinstance(m, Measurement)
+    # A 2 ms spin can only be stretched by preemption, never shortened; the median resists outliers.
+    assert 0.002 <= m.median < 0.0024
+    assert m.iqr >= 0 and len(m.times) >= 1
+    assert m.device == "cpu" and m.num_threads == torch.get_num_threads()
+
+
+def test_measure_items_per_second_and_repr():
+    m = measure(busy(0.001), items=100, min_run_time=0.05, device="cpu")
+    assert m.items_per_second == pytest.approx(100 / m.median)
+    assert "items/s" in repr(m)
+    assert m.to_dict()["median_s"] == m.median
+
+
+def test_measure_runs_warmup_before_timing():
+    calls = []
+    measure(lambda: calls.append(1), warmup=3, min_run_time=0.01, device="cpu")
+    assert len(calls) > 3
+
+
+def test_measurement_statistics_match_numpy_definition():
+    m = Measurement(label="x", times=(1.0, 2.0, 3.0, 4.0, 100.0), number_per_block=1, device="cpu", num_threads=1)
+    assert m.median == 3.0
+    assert m.iqr == pytest.approx(4.0 - 2.0)
+    assert m.noisy  # IQR/median = 0.67
+    quiet = Measurement(label="x", times=(1.0, 1.01, 0.99), number_per_block=1, device="cpu", num_threads=1)
+    assert not quiet.noisy
+
+
+def test_interleaving_order_is_round_by_round():
+    log = []
+    compare(
+        {"A": lambda: log.append("A"), "B": lambda: log.append("B")},
+        baseline="A",
+        number=1,
+        warmup=0,
+        min_rounds=6,
+        max_rounds=6,
+        device="cpu",
+    )
+    assert log == ["A", "B"] * 6
+
+
+def test_identical_variants_are_not_significant():
+    work = busy(0.001)
+    c = compare({"A": work, "A again": work}, baseline="A", min_rounds=20, min_run_time=0.04, device="cpu")
+    row = c["A again"]
+    assert not row.significant
+    assert row.verdict == "not significant"
+    assert c["A"].verdict == "baseline"
+
+
+def test_real_difference_is_significant_with_the_right_direction():
+    c = compare(
+        {"fast": busy(0.001), "slow": busy(0.002)}, baseline="fast", min_rounds=15, min_run_time=0.05, device="cpu"
+    )
+    slow = c["slow"]
+    assert slow.significant
+    assert slow.speedup == pytest.approx(0.5, rel=0.15)
+    assert slow.verdict.endswith("x slower")
+    assert slow.ci_high < 1.0
+
+
+def test_comparison_renders_table_markdown_and_plot():
+    c = compare({"a": busy(0.0005), "b": busy(0.0005)}, baseline="a", min_rounds=10, min_run_time=0.02, device="cpu")
+    assert isinstance(c, Comparison)
+    md = c.to_markdown()
+    assert "| a |" in md and "| b |" in md and "baseline" in md
+    assert "<table>" in c._repr_html_()
+    assert c.names == ("a", "b")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    ax = c.plot()
+    assert len(ax.patches) == 2
+    with pytest.raises(KeyError, match="no variant"):
+        c["missing"]
+
+
+def test_compare_items_per_variant():
+    c = compare({"a": busy(0.0005), "b": busy(0.0005)}, baseline="a", items={"a": 10, "b": 20},
+                min_rounds=10, min_run_time=0.02, device="cpu")
+    assert c["b"].measurement.items == 20
+    assert "items/s" in c.to_markdown()
+
+
+def test_compare_with_memory_column():
+    lin = torch.nn.Linear(8, 8)
+    x = torch.randn(4, 8)
+    c = compare({"fwd": lambda: lin(x)}, baseline="fwd", memory=True, min_rounds=10, min_run_time=0.01, device="cpu")
+    assert c["fwd"].memory is not None
+    assert "saved for backward" in c.to_markdown()
+
+
+def test_median_interval():
+    assert _median_interval([1.0, 2.0, 3.0], 0.99) is None  # too few values for 99%
+    lo, hi = _median_interval([float(i) for i in range(1, 31)], 0.99)
+    assert lo < 15.5 < hi
+    assert lo >= 1 and hi <= 30
+
+
+def test_time_first_call_and_format():
+    assert time_first_call(busy(0.001), device="cpu") >= 0.001
+    assert format_seconds(0.00123) == "1.23 ms"
+    assert format_seconds(2.5) == "2.5 s"
+    assert format_seconds(3e-6) == "3 us"
+    assert format_seconds(5e-9) == "5 ns"
+
+
+@pytest.mark.parametrize(
+    "call, error, message",
+    [
+        (lambda: measure(42), TypeError, "callable"),
+        (lambda: measure(lambda: None, items=0), ValueError, "positive"),
+        (lambda: measure(lambda: None, min_run_time=-1), ValueError, "positive"),
+        (lambda: measure(lambda: None, warmup=-1), ValueError, "0 or more"),
+        (lambda: measure(lambda: None, device="tpu"), ValueError, "device"),
+        (lambda: compare({}, baseline="a"), ValueError, "empty"),
+        (lambda: compare([lambda: None], baseline="a"), TypeError, "dict"),
+        (lambda: compare({"a": 1}, baseline="a"), TypeError, "callable"),
+        (lambda: compare({"a": lambda: None}, baseline="b"), ValueError, "baseline 'b'"),
+        (lambda: compare({"a": lambda: None}, baseline="a", min_run_time=0), ValueError, "positive"),
+        (lambda: compare({"a": lambda: None}, baseline="a", items={"zz": 3}), ValueError, "unknown"),
+        (lambda: compare({"a": lambda: None}, baseline="a", min_rounds=5, max_rounds=2), ValueError, "max_rounds"),
+        (lambda: compare({"a": lambda: None}, baseline="a", min_effect=2), ValueError, "min_effect"),
+        (lambda: time_first_call(None), TypeError, "callable"),
+    ],
+)
+def test_bad_arguments_raise_clear_errors(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
+def test_measurement_rejects_bad_times():
+    with pytest.raises(ValueError, match="at least one"):
+        Measurement(label="x", times=(), number_per_block=1, device="cpu", num_threads=1)
+    with pytest.raises(ValueError, match="non-negative"):
+        Measurement(label="x", times=(-1.0,), number_per_block=1, device="cpu", num_threads=1)
+    with pytest.raises(ValueError, match="non-negative"):
+        Measurement(label="x", times=(math.nan,), number_per_block=1, device="cpu", num_threads=1)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_measure_synchronizes_cuda():
+    a = torch.randn(2048, 2048, device="cuda")
+    m = measure(lambda: a @ a, device="cuda", min_run_time=0.1)
+    # 2 * 2048^3 flops cannot finish in under 5 us on any GPU: an unsynced timer would report ~launch time.
+    assert m.median > 5e-6

@@ -1,0 +1,72 @@
+"""tricks_lib.env: quick mode, device choice, the environment description."""
+
+import pytest
+import torch
+
+from tricks_lib.env import EnvInfo, describe, is_colab, pick_device, quick_mode, size_for_mode
+
+
+def test_quick_mode_reads_the_variable(monkeypatch):
+    monkeypatch.setenv("TRICKS_QUICK", "1")
+    assert quick_mode() and size_for_mode(quick=1, full=2) == 1
+    monkeypatch.setenv("TRICKS_QUICK", "0")
+    assert not quick_mode() and size_for_mode(quick=1, full=2) == 2
+    monkeypatch.delenv("TRICKS_QUICK")
+    assert not quick_mode()
+    monkeypatch.setenv("TRICKS_QUICK", "maybe")
+    with pytest.raises(ValueError, match="TRICKS_QUICK"):
+        quick_mode()
+
+
+def test_pick_device(monkeypatch):
+    monkeypatch.delenv("TRICKS_DEVICE", raising=False)
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert pick_device().type == expected
+    assert pick_device("cpu") == torch.device("cpu")
+    monkeypatch.setenv("TRICKS_DEVICE", "cpu")
+    assert pick_device() == torch.device("cpu")
+    with pytest.raises(TypeError):
+        pick_device(3)
+    with pytest.raises(ValueError, match="not a device name"):
+        pick_device("gpu0")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
+def test_pick_device_cuda_missing_is_a_clear_error():
+    with pytest.raises(ValueError, match="no usable CUDA"):
+        pick_device("cuda")
+
+
+def test_describe():
+    info = describe()
+    assert isinstance(info, EnvInfo)
+    assert info.torch == torch.__version__
+    assert info.num_threads == torch.get_num_threads()
+    assert info.cuda_available == torch.cuda.is_available()
+    if not info.cuda_available:
+        assert info.compute_capability is None and not info.tf32_native
+        assert info.bf16_native == info.cpu_bf16_native
+    else:
+        assert info.bf16_native == (info.compute_capability >= (8, 0))
+    line = info.summary()
+    assert torch.__version__ in line and "threads" in line
+    assert set(info.to_dict()) >= {"cpu_flags", "bf16_native", "tf32_native", "os"}
+    assert "<table>" in info._repr_html_()
+    assert is_colab() is False
+
+
+def test_import_changes_no_global_state():
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, random; s = torch.initial_seed(); r = random.getstate(); "
+        "d = torch.are_deterministic_algorithms_enabled(); b = torch.backends.cudnn.benchmark; "
+        "import matplotlib; rc = dict(matplotlib.rcParams); "
+        "import tricks_lib, tricks_lib.runner; "
+        "assert torch.initial_seed() == s and random.getstate() == r; "
+        "assert torch.are_deterministic_algorithms_enabled() == d and torch.backends.cudnn.benchmark == b; "
+        "assert dict(matplotlib.rcParams) == rc; print('ok')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "ok", out.stderr

@@ -1,0 +1,106 @@
+"""tricks_lib.memory: exact saved-for-backward bytes, state bytes, and errors."""
+
+import pytest
+import torch
+from torch import nn
+
+from tricks_lib.memory import MemoryReport, format_bytes, measure_memory, model_state_bytes
+
+
+def linear_relu_chain(n, width=1024):
+    layers = []
+    for _ in range(n):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    return nn.Sequential(*layers)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 6])
+def test_chain_saves_exactly_n_plus_one_activations(n):
+    model = linear_relu_chain(n)
+    x = torch.randn(64, 1024)
+    report = measure_memory(lambda: model(x), device="cpu")
+    assert isinstance(report, MemoryReport)
+    assert report.saved_bytes == (n + 1) * 64 * 1024 * 4
+    assert report.saved_tensors == n + 1
+    assert report.peak_allocated_bytes is None  # CPU has no allocator peaks
+
+
+def test_forward_and_backward_in_one_call_counts_the_same():
+    model = linear_relu_chain(3, width=256)
+    x = torch.randn(32, 256)
+    fwd = measure_memory(lambda: model(x), device="cpu")
+    both = measure_memory(lambda: model(x).sum().backward(), device="cpu")
+    assert both.saved_bytes == fwd.saved_bytes == 4 * 32 * 256 * 4
+
+
+def test_parameters_and_their_views_are_excluded():
+    w = nn.Parameter(torch.randn(16, 16))
+    x = torch.randn(4, 16, requires_grad=True)
+    # x @ w.t() saves x and a view of the parameter; only x is activation memory.
+    report = measure_memory(lambda: x @ w.t(), device="cpu")
+    assert report.saved_bytes == 4 * 16 * 4
+
+
+def test_views_of_one_storage_count_once():
+    x = torch.randn(100, requires_grad=True)
+
+    def fn():
+        y = x * 2  # y's storage: 400 bytes
+        return (y[:50] * y[50:]).sum()  # both views of y are saved
+
+    report = measure_memory(fn, device="cpu")
+    assert report.saved_bytes == 400
+    assert report.saved_tensors == 1
+
+
+def test_checkpointing_saves_less():
+    from torch.utils.checkpoint import checkpoint_sequential
+
+    model = linear_relu_chain(8, width=256)
+    x = torch.randn(32, 256, requires_grad=True)
+    plain = measure_memory(lambda: model(x), device="cpu")
+    ckpt = measure_memory(lambda: checkpoint_sequential(model, 4, x, use_reentrant=False), device="cpu")
+    assert ckpt.saved_bytes < plain.saved_bytes
+
+
+def test_no_grad_saves_nothing():
+    model = linear_relu_chain(2, width=64)
+    x = torch.randn(8, 64)
+    with torch.no_grad():
+        report = measure_memory(lambda: model(x), device="cpu")
+    assert report.saved_bytes == 0 and report.saved_tensors == 0
+
+
+def test_model_state_bytes_with_momentum():
+    model = nn.Linear(10, 10)  # 110 parameters
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    before = model_state_bytes(model, opt)
+    assert (before.parameters, before.gradients, before.optimizer_state) == (440, 0, 0)
+    model(torch.randn(3, 10)).sum().backward()
+    opt.step()
+    after = model_state_bytes(model, opt)
+    assert after.gradients == 440
+    assert after.optimizer_state == 440  # one momentum buffer per parameter
+    assert after.total == 3 * 440
+
+
+def test_errors_and_format():
+    with pytest.raises(TypeError, match="callable"):
+        measure_memory("model")
+    with pytest.raises(TypeError, match="nn.Module"):
+        model_state_bytes("model")
+    with pytest.raises(TypeError, match="Optimizer"):
+        model_state_bytes(nn.Linear(2, 2), optimizer=[1])
+    assert format_bytes(512) == "512 B"
+    assert format_bytes(1536) == "1.50 KiB"
+    assert format_bytes(3 * 1024**3) == "3.00 GiB"
+    assert format_bytes(None) == "-"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_peaks_reported():
+    model = linear_relu_chain(2).cuda()
+    x = torch.randn(64, 1024, device="cuda")
+    report = measure_memory(lambda: model(x), device="cuda")
+    assert report.saved_bytes == 3 * 64 * 1024 * 4
+    assert report.peak_allocated_bytes >= report.allocated_before_bytes + report.saved_bytes

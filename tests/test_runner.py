@@ -1,0 +1,85 @@
+"""The main command: runs notebooks headless, summarizes records, names the failing cell."""
+
+import json
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+from tricks_lib.__main__ import main
+from tricks_lib.runner import find_notebooks, hygiene_problems, run_notebooks, write_summary
+
+KERNELSPEC = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
+
+
+def write_nb(path, *sources):
+    cells = [new_markdown_cell("# test")] + [new_code_cell(s) for s in sources]
+    nbformat.write(new_notebook(cells=cells, metadata=KERNELSPEC), path)
+
+
+@pytest.fixture
+def notebooks(tmp_path):
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    write_nb(
+        folder / "10_ok.ipynb",
+        "from tricks_lib.env import quick_mode\nfrom tricks_lib.bench import measure\nfrom tricks_lib.results import record",
+        "record('noop', measure(lambda: None, min_run_time=0.01, device='cpu'))\nquick_mode()",
+    )
+    write_nb(folder / "20_fails.ipynb", "x = 1", "raise RuntimeError('boom')", "y = 2")
+    return folder
+
+
+def test_find_notebooks_selects_by_prefix(notebooks):
+    assert [p.stem for p in find_notebooks(notebooks)] == ["10_ok", "20_fails"]
+    assert [p.stem for p in find_notebooks(notebooks, ["20"])] == ["20_fails"]
+    with pytest.raises(ValueError, match="matches no notebook"):
+        find_notebooks(notebooks, ["99"])
+    with pytest.raises(ValueError, match="no notebooks"):
+        find_notebooks(notebooks / "empty_missing")
+
+
+def test_run_records_summary_and_refresh(notebooks, tmp_path):
+    out = tmp_path / "out"
+    runs = run_notebooks(find_notebooks(notebooks, ["10"]), out, quick=True, refresh=True, progress=False)
+    assert [r.ok for r in runs] == [True]
+    refreshed = nbformat.read(notebooks / "10_ok.ipynb", as_version=4)
+    last = refreshed.cells[-1]
+    assert last.execution_count == 2
+    assert last.outputs[0]["data"]["text/plain"] == "True"  # the kernel saw quick mode
+    md, js = write_summary(out, runs, quick=True)
+    summary = json.loads(js.read_text())
+    assert summary["mode"] == "quick"
+    assert [m["trick"] for m in summary["measurements"]] == ["noop"]
+    assert summary["measurements"][0]["notebook"] == "10_ok"
+    assert "| 10_ok | noop |" in md.read_text()
+    assert (out / "notebooks" / "10_ok.ipynb").exists()
+
+
+def test_failure_names_notebook_and_cell(notebooks, tmp_path, capsys):
+    code = main(["run", "--quick", "--only", "20", "--notebooks", str(notebooks), "--out", str(tmp_path / "o"),
+                 "--no-progress"])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "FAILED: 20_fails.ipynb, cell 2" in err and "boom" in err
+    # a failed notebook is never written back in place
+    assert all(c.get("outputs", []) == [] for c in nbformat.read(notebooks / "20_fails.ipynb", 4).cells
+               if c.cell_type == "code")
+
+
+def test_hygiene_flags_errors_and_local_paths(tmp_path):
+    nb = new_notebook(cells=[new_code_cell("x")])
+    nb.cells[0].execution_count = 1
+    nb.cells[0].outputs = [nbformat.v4.new_output("stream", name="stdout", text=f"saved to {tmp_path}/x.bin\n")]
+    assert any("local path" in p for p in hygiene_problems(nb))
+    nb.cells[0].outputs = [nbformat.v4.new_output("error", ename="E", evalue="v", traceback=[])]
+    assert any("error output" in p for p in hygiene_problems(nb))
+    nb.cells[0].execution_count = None
+    nb.cells[0].outputs = [nbformat.v4.new_output("stream", name="stdout", text="fine\n")]
+    assert any("execution count" in p for p in hygiene_problems(nb))
+
+
+def test_cli_argument_errors(tmp_path, capsys):
+    assert main(["run", "--timeout", "0", "--notebooks", str(tmp_path)]) == 2
+    assert main(["run", "--notebooks", str(tmp_path)]) == 2
+    assert "no notebooks" in capsys.readouterr().err

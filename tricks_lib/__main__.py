@@ -1,0 +1,68 @@
+"""Command line: ``python -m tricks_lib run`` (the main job) and ``python -m tricks_lib describe``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _default_notebook_dir() -> Path:
+    here = Path.cwd() / "notebooks"
+    if here.is_dir():
+        return here
+    return Path(__file__).resolve().parent.parent / "notebooks"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m tricks_lib", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="execute the notebooks headless and summarize every measurement")
+    run.add_argument("--quick", action="store_true", help="small sizes: the whole suite in minutes (TRICKS_QUICK=1)")
+    run.add_argument("--only", nargs="+", metavar="NN", help="run only these notebooks (number or name prefix)")
+    run.add_argument("--out", type=Path, default=Path("results"), help="output folder (default: results/)")
+    run.add_argument("--refresh", action="store_true", help="also store the outputs back into the notebooks")
+    run.add_argument("--notebooks", type=Path, default=None, help="folder of notebooks (default: ./notebooks)")
+    run.add_argument("--timeout", type=int, default=1800, help="seconds one cell may run (default 1800)")
+    run.add_argument("--no-progress", action="store_true", help="no progress bars")
+    sub.add_parser("describe", help="print what this machine is, as the notebooks' first cell shows it")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "describe":
+        from tricks_lib.env import describe
+
+        info = describe()
+        print(info.summary())
+        for key, value in info.to_dict().items():
+            print(f"  {key}: {value}")
+        return 0
+
+    from tricks_lib.env import quick_mode
+    from tricks_lib.runner import find_notebooks, run_notebooks, write_summary
+
+    if args.timeout <= 0:
+        print("error: --timeout must be a positive number of seconds", file=sys.stderr)
+        return 2
+    quick = args.quick or quick_mode()
+    try:
+        paths = find_notebooks(args.notebooks or _default_notebook_dir(), args.only)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"Running {len(paths)} notebook(s) in {'quick' if quick else 'full'} mode -> {args.out}/", file=sys.stderr)
+    runs = run_notebooks(
+        paths, args.out, quick=quick, refresh=args.refresh, timeout=args.timeout, progress=not args.no_progress
+    )
+    md_path, json_path = write_summary(args.out, runs, quick=quick)
+    print(f"Summary: {md_path} and {json_path}", file=sys.stderr)
+    failures = [r for r in runs if not r.ok]
+    for run in failures:
+        print(f"FAILED: {run.describe_failure()}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,221 @@
+"""Memory, measured exactly on any device.
+
+Activation memory (what autograd keeps for the backward pass) is what most memory tricks cut.
+``measure_memory`` counts it with ``torch.autograd.graph.saved_tensors_hooks``: every tensor autograd
+saves during one call passes through the hook, so the count is exact and deterministic on a CPU too,
+without being handed the model. On CUDA the allocator's peaks are reported next to it.
+"""
+
+from __future__ import annotations
+
+import html
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from tricks_lib.env import pick_device
+
+__all__ = ["MemoryReport", "StateBytes", "format_bytes", "measure_memory", "model_state_bytes"]
+
+
+def format_bytes(n: int | float | None) -> str:
+    """Bytes with a binary unit: ``format_bytes(1536) == '1.50 KiB'``; ``'-'`` for None."""
+    if n is None:
+        return "-"
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{sign}{n:.0f} {unit}" if unit == "B" else f"{sign}{n:.2f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """Memory used by one call of a function.
+
+    ``saved_bytes`` counts the tensors autograd saved for backward during the call, once per storage,
+    leaving out parameters and views of them (a Linear saves its weight transposed: that is not
+    activation memory). The CUDA fields are None on other devices.
+    """
+
+    label: str
+    device: str
+    saved_bytes: int
+    saved_tensors: int  # distinct storages counted
+    peak_allocated_bytes: int | None = None  # CUDA: max bytes allocated during the call
+    peak_reserved_bytes: int | None = None  # CUDA: max bytes the caching allocator held
+    allocated_before_bytes: int | None = None  # CUDA: bytes already allocated when the call began
+
+    @property
+    def peak_extra_bytes(self) -> int | None:
+        """CUDA: how far the call pushed allocation above where it started."""
+        if self.peak_allocated_bytes is None or self.allocated_before_bytes is None:
+            return None
+        return self.peak_allocated_bytes - self.allocated_before_bytes
+
+    def __repr__(self) -> str:
+        parts = [f"saved for backward {format_bytes(self.saved_bytes)} in {self.saved_tensors} tensors"]
+        if self.peak_allocated_bytes is not None:
+            parts.append(f"peak allocated {format_bytes(self.peak_allocated_bytes)}")
+            parts.append(f"peak reserved {format_bytes(self.peak_reserved_bytes)}")
+        return f"MemoryReport({self.label!r} on {self.device}: " + ", ".join(parts) + ")"
+
+    def _repr_html_(self) -> str:
+        return f"<code>{html.escape(repr(self))}</code>"
+
+    def to_dict(self) -> dict:
+        return {
+            "label": self.label,
+            "device": self.device,
+            "saved_bytes": self.saved_bytes,
+            "saved_tensors": self.saved_tensors,
+            "peak_allocated_bytes": self.peak_allocated_bytes,
+            "peak_reserved_bytes": self.peak_reserved_bytes,
+            "allocated_before_bytes": self.allocated_before_bytes,
+        }
+
+
+def _is_parameter_or_view(t: torch.Tensor) -> bool:
+    base = t._base if t._base is not None else t
+    return isinstance(t, torch.nn.Parameter) or isinstance(base, torch.nn.Parameter)
+
+
+def _storage_key_and_bytes(t: torch.Tensor) -> tuple[tuple, int]:
+    """A key identifying the tensor's memory, and that memory's size in bytes."""
+    if t.layout != torch.strided or t.is_nested:
+        # Sparse or nested tensors have no single storage; count their own bytes.
+        return ("tensor", id(t)), t.element_size() * t.numel()
+    storage = t.untyped_storage()
+    return (t.device.type, t.device.index, storage.data_ptr()), storage.nbytes()
+
+
+def measure_memory(
+    fn: Callable[[], object],
+    *,
+    label: str | None = None,
+    device: str | torch.device | None = None,
+) -> MemoryReport:
+    """Run ``fn()`` once and report the memory it used.
+
+    Args:
+        fn: a zero-argument callable (e.g. ``lambda: model(x)`` or a whole training step).
+        label: a name for the report (default: the callable's name).
+        device: whose allocator peaks to read (default ``pick_device()``); only CUDA has them.
+
+    Returns:
+        A ``MemoryReport``. ``saved_bytes`` is exact on every device. Tensors saved inside a
+        ``torch.utils.checkpoint`` region are not saved (that is the point) and are not counted;
+        the region's inputs are.
+
+    Raises:
+        TypeError: ``fn`` is not callable.
+    """
+    if not callable(fn):
+        raise TypeError(f"fn must be a zero-argument callable, got {type(fn).__name__}")
+    dev = pick_device(device) if device is not None else pick_device()
+    name = label if label is not None else getattr(fn, "__name__", "fn")
+    counted: list[int] = []  # bytes of each distinct storage seen
+    # Address -> weak reference to the storage counted there. A dead reference means that storage was
+    # freed during the call and a new one reuses its address: that one is new and counted again.
+    # Weak, so the measurement never keeps memory alive that the call itself would free.
+    live: dict[tuple, weakref.ref | None] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if not _is_parameter_or_view(t):
+            key, nbytes = _storage_key_and_bytes(t)
+            ref = live.get(key, False)
+            if ref is False or (ref is not None and ref() is None):
+                counted.append(nbytes)
+                live[key] = weakref.ref(t.untyped_storage()) if key[0] != "tensor" else None
+        return t
+
+    def unpack(t: torch.Tensor) -> torch.Tensor:
+        return t
+
+    cuda = dev.type == "cuda"
+    before = None
+    if cuda:
+        torch.cuda.synchronize(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        before = torch.cuda.memory_allocated(dev)
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        fn()
+    peak_alloc = peak_reserved = None
+    if cuda:
+        torch.cuda.synchronize(dev)
+        peak_alloc = torch.cuda.max_memory_allocated(dev)
+        peak_reserved = torch.cuda.max_memory_reserved(dev)
+    return MemoryReport(
+        label=name,
+        device=str(dev),
+        saved_bytes=sum(counted),
+        saved_tensors=len(counted),
+        peak_allocated_bytes=peak_alloc,
+        peak_reserved_bytes=peak_reserved,
+        allocated_before_bytes=before,
+    )
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """Bytes of a model's persistent training state."""
+
+    parameters: int
+    gradients: int
+    optimizer_state: int
+
+    @property
+    def total(self) -> int:
+        return self.parameters + self.gradients + self.optimizer_state
+
+    def __repr__(self) -> str:
+        return (
+            f"StateBytes(parameters {format_bytes(self.parameters)}, gradients {format_bytes(self.gradients)}, "
+            f"optimizer state {format_bytes(self.optimizer_state)}, total {format_bytes(self.total)})"
+        )
+
+    def to_dict(self) -> dict:
+        return {
+            "parameters": self.parameters,
+            "gradients": self.gradients,
+            "optimizer_state": self.optimizer_state,
+            "total": self.total,
+        }
+
+
+def _unique_bytes(tensors) -> int:
+    seen: dict[tuple, int] = {}
+    for t in tensors:
+        key, nbytes = _storage_key_and_bytes(t)
+        seen.setdefault(key, nbytes)
+    return sum(seen.values())
+
+
+def model_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> StateBytes:
+    """Bytes of parameters, of their current gradients, and of the optimizer's state (e.g. Adam's moments).
+
+    Shared storages are counted once. Gradients that are None (never computed, or zeroed with
+    ``set_to_none=True``) cost nothing and count nothing.
+
+    Raises:
+        TypeError: ``model`` is not an ``nn.Module`` or ``optimizer`` not a ``torch.optim.Optimizer``.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    params = list(model.parameters())
+    grads = [p.grad for p in params if p.grad is not None]
+    state = []
+    if optimizer is not None:
+        for per_param in optimizer.state.values():
+            state.extend(v for v in per_param.values() if isinstance(v, torch.Tensor))
+    return StateBytes(
+        parameters=_unique_bytes(params),
+        gradients=_unique_bytes(grads),
+        optimizer_state=_unique_bytes(state),
+    )

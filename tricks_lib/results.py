@@ -1,0 +1,129 @@
+"""Recording measured results so the main command can collect them into one summary.
+
+A notebook calls ``record("channels_last", comparison)`` once per measured trick. The value is
+returned (a ``Record``) and, when the main command runs the notebook, also appended as one JSON line
+to the file named by the environment variable ``TRICKS_RESULTS``. Outside the main command nothing
+is written anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from tricks_lib.bench import Comparison, Measurement
+from tricks_lib.env import describe
+from tricks_lib.memory import MemoryReport
+
+__all__ = ["Record", "load_records", "record"]
+
+RESULTS_ENV_VAR = "TRICKS_RESULTS"
+NOTEBOOK_ENV_VAR = "TRICKS_NOTEBOOK"
+
+
+@dataclass(frozen=True)
+class Record:
+    """One measured trick: its rows (variant, median, spread, speedup, memory), where and on what."""
+
+    notebook: str
+    trick: str
+    kind: str  # "comparison" | "measurement" | "memory"
+    rows: tuple[dict, ...]
+    device: str
+    machine: str  # describe().summary() of the machine that measured it
+
+    def to_dict(self) -> dict:
+        return {
+            "notebook": self.notebook,
+            "trick": self.trick,
+            "kind": self.kind,
+            "rows": list(self.rows),
+            "device": self.device,
+            "machine": self.machine,
+        }
+
+    def __repr__(self) -> str:
+        return f"Record({self.trick!r}, {self.kind}, {len(self.rows)} rows, {self.device})"
+
+
+def _rows_of(result: Comparison | Measurement | MemoryReport) -> tuple[str, tuple[dict, ...], str]:
+    if isinstance(result, Comparison):
+        return "comparison", tuple(r.to_dict() for r in result.rows), result.device
+    if isinstance(result, Measurement):
+        return "measurement", (result.to_dict(),), result.device
+    if isinstance(result, MemoryReport):
+        return "memory", (result.to_dict(),), result.device
+    raise TypeError(
+        f"record() takes a Comparison, Measurement or MemoryReport, got {type(result).__name__}; "
+        "time with tricks_lib.bench or measure with tricks_lib.memory first"
+    )
+
+
+def record(
+    trick: str,
+    result: Comparison | Measurement | MemoryReport,
+    *,
+    notebook: str | None = None,
+) -> Record:
+    """Stamp ``result`` with the trick's name, notebook and machine; write it out under the main command.
+
+    Args:
+        trick: a short name for the trick, e.g. ``"channels_last"``.
+        result: what was measured.
+        notebook: the notebook's name (default: set by the main command, else ``"interactive"``).
+
+    Raises:
+        TypeError: ``result`` is not a measured result, or ``trick`` is not a string.
+        ValueError: ``trick`` is empty.
+    """
+    if not isinstance(trick, str):
+        raise TypeError(f"trick must be a string naming the trick, got {type(trick).__name__}")
+    if not trick.strip():
+        raise ValueError("trick must name the trick, e.g. 'channels_last'")
+    kind, rows, device = _rows_of(result)
+    rec = Record(
+        notebook=notebook or os.environ.get(NOTEBOOK_ENV_VAR) or "interactive",
+        trick=trick,
+        kind=kind,
+        rows=rows,
+        device=device,
+        machine=describe().summary(),
+    )
+    target = os.environ.get(RESULTS_ENV_VAR)
+    if target:
+        # One line per record, appended and flushed at once, so a crash later in the notebook keeps it.
+        with open(target, "a", encoding="utf-8") as f:
+            f.write(json.dumps(rec.to_dict()) + "\n")
+    return rec
+
+
+def load_records(path: str | Path) -> list[Record]:
+    """Read the records a run appended to ``path`` (missing file: no records).
+
+    Raises:
+        ValueError: a line is not a record (the file is corrupt); the message names the line.
+    """
+    path = Path(path)
+    if not path.exists():
+        return []
+    records = []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+            records.append(
+                Record(
+                    notebook=d["notebook"],
+                    trick=d["trick"],
+                    kind=d["kind"],
+                    rows=tuple(d["rows"]),
+                    device=d["device"],
+                    machine=d["machine"],
+                )
+            )
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            raise ValueError(f"{path.name} line {lineno} is not a result record: {err}") from err
+    return records

@@ -9,6 +9,18 @@ from tricks_lib.bench import Comparison, ComparisonRow, Measurement, compare, fo
 from tricks_lib.env import EnvInfo, describe, is_colab, pick_device, quick_mode, size_for_mode
 from tricks_lib.memory import MemoryReport, StateBytes, format_bytes, measure_memory, model_state_bytes
 from tricks_lib.plot import metric_vs_size, speedup_bars
+from tricks_lib.repro import (
+    DeterminismFlags,
+    RngState,
+    capture_rng_state,
+    determinism_flags,
+    deterministic,
+    fingerprint,
+    make_generator,
+    restore_rng_state,
+    seed_everything,
+    seed_worker,
+)
 from tricks_lib.results import Record, load_records, record
 
 __version__ = "0.1.0"
@@ -16,17 +28,24 @@ __version__ = "0.1.0"
 __all__ = [
     "Comparison",
     "ComparisonRow",
+    "DeterminismFlags",
     "EnvInfo",
     "Measurement",
     "MemoryReport",
     "Record",
+    "RngState",
     "StateBytes",
+    "capture_rng_state",
     "compare",
     "describe",
+    "determinism_flags",
+    "deterministic",
+    "fingerprint",
     "format_bytes",
     "format_seconds",
     "is_colab",
     "load_records",
+    "make_generator",
     "measure",
     "measure_memory",
     "metric_vs_size",
@@ -34,6 +53,9 @@ __all__ = [
     "pick_device",
     "quick_mode",
     "record",
+    "restore_rng_state",
+    "seed_everything",
+    "seed_worker",
     "size_for_mode",
     "speedup_bars",
     "time_first_call",

@@ -1,0 +1,359 @@
+"""Tests for tricks_lib.repro: seeding, fingerprints, deterministic mode, worker seeding, resume."""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from tricks_lib.repro import (
+    NoiseAugmentedDataset,
+    RngState,
+    capture_rng_state,
+    determinism_flags,
+    deterministic,
+    fingerprint,
+    make_generator,
+    restore_rng_state,
+    seed_everything,
+    seed_worker,
+)
+
+
+@pytest.fixture(autouse=True)
+def _keep_global_state():
+    """Every test leaves RNGs, determinism flags and the environment as it found them."""
+    rng = capture_rng_state()
+    flags = determinism_flags()
+    env = {k: os.environ.get(k) for k in ("PYTHONHASHSEED", "CUBLAS_WORKSPACE_CONFIG")}
+    yield
+    restore_rng_state(rng)
+    torch.use_deterministic_algorithms(flags.algorithms, warn_only=flags.warn_only)
+    torch.backends.cudnn.deterministic = flags.cudnn_deterministic
+    torch.backends.cudnn.benchmark = flags.cudnn_benchmark
+    for key, value in env.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+def _draws() -> tuple:
+    return (random.random(), float(np.random.rand()), torch.rand(3).tolist())
+
+
+# --- seeding -----------------------------------------------------------------------------------
+
+
+def test_same_seed_same_draws_and_same_fingerprint():
+    seed_everything(123)
+    first, model_a = _draws(), nn.Linear(8, 4)
+    seed_everything(123)
+    second, model_b = _draws(), nn.Linear(8, 4)
+    assert first == second
+    assert fingerprint(model_a) == fingerprint(model_b)
+    seed_everything(124)
+    assert fingerprint(nn.Linear(8, 4)) != fingerprint(model_a)
+
+
+def test_seed_everything_sets_pythonhashseed_for_children():
+    seed_everything(7)
+    assert os.environ["PYTHONHASHSEED"] == "7"
+
+
+@pytest.mark.parametrize("bad", [-1, 2**32, 2**40])
+def test_out_of_range_seed_raises_value_error(bad):
+    with pytest.raises(ValueError, match="2\\*\\*32"):
+        seed_everything(bad)
+    with pytest.raises(ValueError):
+        make_generator(bad)
+
+
+@pytest.mark.parametrize("bad", [1.5, "0", True, None])
+def test_non_int_seed_raises_type_error(bad):
+    with pytest.raises(TypeError, match="seed must be an int"):
+        seed_everything(bad)
+
+
+def test_make_generator_is_seeded():
+    a, b = make_generator(5), make_generator(5)
+    assert torch.equal(torch.randperm(50, generator=a), torch.randperm(50, generator=b))
+    assert not torch.equal(torch.rand(10, generator=make_generator(5)), torch.rand(10, generator=make_generator(6)))
+
+
+# --- fingerprint -------------------------------------------------------------------------------
+
+
+def test_fingerprint_is_stable_across_processes_and_versions():
+    # A hard-coded value: the fingerprint is a hash of bytes, not of Python object ids.
+    assert fingerprint(torch.arange(4, dtype=torch.float32)) == "dd982aa6a382136c"
+    assert len(fingerprint(torch.zeros(1))) == 16
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_one_ulp_change_changes_fingerprint(dtype):
+    seed_everything(0)
+    model = nn.Linear(16, 16).to(dtype)
+    before = fingerprint(model)
+    with torch.no_grad():
+        w = model.weight
+        w[3, 5] = torch.nextafter(w[3, 5], torch.tensor(float("inf"), dtype=dtype))
+    assert fingerprint(model) != before
+
+
+def test_fingerprint_sees_dtype_shape_sign_and_names():
+    zeros = torch.zeros(4)
+    assert fingerprint(zeros) != fingerprint(torch.zeros(4, dtype=torch.int32))  # same bytes, other dtype
+    assert fingerprint(zeros) != fingerprint(zeros.reshape(2, 2))
+    assert fingerprint(zeros) != fingerprint(-zeros)  # -0.0 has other bytes than 0.0
+    assert fingerprint({"a": zeros}) != fingerprint({"b": zeros})
+
+
+def test_fingerprint_ignores_layout_device_and_dict_order():
+    x = torch.arange(12.0).reshape(3, 4)
+    assert fingerprint(x.t()) == fingerprint(x.t().contiguous())
+    assert fingerprint(x.requires_grad_()) == fingerprint(x.detach())
+    assert fingerprint({"a": x, "b": 1}) == fingerprint({"b": 1, "a": x})
+
+
+def test_fingerprint_accepts_module_state_dict_iterables_and_optimizer_state():
+    seed_everything(0)
+    model = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
+    assert fingerprint(model) == fingerprint(model.state_dict())
+    assert fingerprint(model.parameters()) == fingerprint(list(model.parameters()))
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(4, 3)).sum().backward()
+    opt.step()
+    assert isinstance(fingerprint(opt.state_dict()), str)
+
+
+@pytest.mark.parametrize("bad", ["abc", 3, 1.0, None, object(), [torch.zeros(1), object()]])
+def test_fingerprint_rejects_unsupported_objects(bad):
+    with pytest.raises(TypeError, match="fingerprint"):
+        fingerprint(bad)
+
+
+def test_fingerprint_rejects_sparse_tensors():
+    with pytest.raises(TypeError, match="to_dense"):
+        fingerprint(torch.eye(3).to_sparse())
+
+
+# --- deterministic() ---------------------------------------------------------------------------
+
+
+def _set_flags_to_unusual_values() -> None:
+    torch.use_deterministic_algorithms(False, warn_only=False)
+    torch.backends.cudnn.deterministic = False
+    torch.backends.cudnn.benchmark = True
+    os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":0:0"  # not a deterministic value
+
+
+def test_deterministic_sets_and_restores_every_flag():
+    _set_flags_to_unusual_values()
+    before = determinism_flags()
+    with deterministic() as flags:
+        now = determinism_flags()
+        assert now == flags
+        assert now.algorithms and now.cudnn_deterministic and not now.cudnn_benchmark
+        assert now.cublas_workspace_config == ":4096:8"
+        assert now.mkldnn_deterministic in (True, None)
+        assert torch.are_deterministic_algorithms_enabled()
+    assert determinism_flags() == before
+
+
+def test_deterministic_removes_env_var_it_added_and_restores_on_exception():
+    os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+    before = determinism_flags()
+    with pytest.raises(RuntimeError, match="boom"):
+        with deterministic(warn_only=True):
+            assert torch.is_deterministic_algorithms_warn_only_enabled()
+            raise RuntimeError("boom")
+    assert determinism_flags() == before
+    assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+
+
+def test_deterministic_keeps_an_existing_deterministic_cublas_value_and_nests():
+    os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":16:8"
+    with deterministic():
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
+        with deterministic(False):
+            assert not torch.are_deterministic_algorithms_enabled()
+            assert not torch.backends.cudnn.deterministic
+        assert torch.are_deterministic_algorithms_enabled()
+    assert not torch.are_deterministic_algorithms_enabled()
+
+
+def test_deterministic_fills_uninitialized_memory_on_cpu():
+    # A visible CPU effect of deterministic mode: torch.empty is filled with NaN.
+    if not torch.utils.deterministic.fill_uninitialized_memory:
+        pytest.skip("fill_uninitialized_memory is off in this process")
+    with deterministic():
+        assert torch.isnan(torch.empty(16)).all()
+
+
+def test_deterministic_rejects_non_bool():
+    with pytest.raises(TypeError):
+        with deterministic(1):
+            pass
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: CPU kernels of histc are deterministic")
+def test_nondeterministic_cuda_op_raises_in_deterministic_mode():
+    with deterministic(), pytest.raises(RuntimeError, match="deterministic"):
+        torch.histc(torch.rand(100, device="cuda"))
+
+
+# --- worker seeding ----------------------------------------------------------------------------
+
+N_SAMPLES, BATCH, WORKERS = 32, 4, 2
+
+
+def _noise_per_epoch(worker_init_fn, *, epochs=2, generator=None) -> list[torch.Tensor]:
+    """The noise every sample received, per epoch: inputs are zeros, so the output is the noise."""
+    ds = NoiseAugmentedDataset(torch.zeros(N_SAMPLES, 3), torch.zeros(N_SAMPLES), noise_std=1.0, seed=0)
+    loader = DataLoader(ds, batch_size=BATCH, num_workers=WORKERS, worker_init_fn=worker_init_fn, generator=generator)
+    return [torch.cat([x for x, _ in loader]) for _ in range(epochs)]  # each (N_SAMPLES, 3)
+
+
+def test_generator_created_in_init_is_duplicated_across_workers_and_epochs():
+    epoch0, epoch1 = _noise_per_epoch(None)
+    # Each worker replays the same draws: only N / WORKERS distinct noise vectors...
+    assert len(torch.unique(epoch0, dim=0)) == N_SAMPLES // WORKERS
+    # ...and every epoch repeats the previous one.
+    assert torch.equal(epoch0, epoch1)
+
+
+def test_numpy_global_generator_is_reseeded_per_worker_since_torch_1_9():
+    # The pre-1.9 bug (forked workers sharing NumPy's global state) is fixed in PyTorch itself.
+    ds = NoiseAugmentedDataset(torch.zeros(N_SAMPLES, 3), torch.zeros(N_SAMPLES), noise_std=1.0, own_generator=False)
+    noise = torch.cat([x for x, _ in DataLoader(ds, batch_size=BATCH, num_workers=WORKERS)])
+    assert len(torch.unique(noise, dim=0)) == N_SAMPLES
+
+
+def test_seed_worker_removes_the_duplicates():
+    epoch0, epoch1 = _noise_per_epoch(seed_worker)
+    assert len(torch.unique(epoch0, dim=0)) == N_SAMPLES
+    assert len(torch.unique(torch.cat([epoch0, epoch1]), dim=0)) == 2 * N_SAMPLES
+
+
+def test_seeded_generator_makes_worker_draws_reproducible():
+    a = _noise_per_epoch(seed_worker, generator=make_generator(3))
+    b = _noise_per_epoch(seed_worker, generator=make_generator(3))
+    c = _noise_per_epoch(seed_worker, generator=make_generator(4))
+    assert fingerprint(a) == fingerprint(b) != fingerprint(c)
+
+
+def test_seed_worker_validates_worker_id():
+    with pytest.raises(ValueError):
+        seed_worker(-1)
+    with pytest.raises(TypeError):
+        seed_worker("0")
+
+
+def test_dataset_validates_arguments():
+    with pytest.raises(ValueError, match="first dimension"):
+        NoiseAugmentedDataset(torch.zeros(4, 2), torch.zeros(5))
+    with pytest.raises(TypeError):
+        NoiseAugmentedDataset(torch.zeros(4, 2, dtype=torch.long), torch.zeros(4))
+    with pytest.raises(ValueError):
+        NoiseAugmentedDataset(torch.zeros(4, 2), torch.zeros(4), seed=-3)
+    with pytest.raises(ValueError, match="own_generator"):
+        NoiseAugmentedDataset(torch.zeros(4, 2), torch.zeros(4), seed=1, own_generator=False)
+
+
+# --- capture / restore -------------------------------------------------------------------------
+
+
+def test_restore_replays_every_generator():
+    gen = make_generator(9)
+    state = capture_rng_state([gen])
+    first = (_draws(), torch.rand(4, generator=gen).tolist())
+    restore_rng_state(state, [gen])
+    assert (_draws(), torch.rand(4, generator=gen).tolist()) == first
+
+
+def test_rng_state_round_trips_through_a_weights_only_checkpoint():
+    gen = make_generator(1)
+    state = capture_rng_state([gen])
+    buffer = io.BytesIO()
+    torch.save({"rng": state.to_dict()}, buffer)
+    buffer.seek(0)
+    loaded = RngState.from_dict(torch.load(buffer, weights_only=True)["rng"])
+    expected = (_draws(), torch.rand(2, generator=gen).tolist())
+    restore_rng_state(loaded, [gen])
+    assert (_draws(), torch.rand(2, generator=gen).tolist()) == expected
+    assert fingerprint(loaded.to_dict()) == fingerprint(state.to_dict())
+
+
+def test_restore_rejects_mismatched_arguments():
+    state = capture_rng_state([make_generator(0)])
+    with pytest.raises(ValueError, match="same generators"):
+        restore_rng_state(state)
+    with pytest.raises(TypeError):
+        restore_rng_state("state")
+    with pytest.raises(TypeError):
+        capture_rng_state(make_generator(0))  # a bare generator, not a list
+    with pytest.raises(ValueError):
+        RngState.from_dict({"python": 1})
+
+
+# --- resume equals uninterrupted ---------------------------------------------------------------
+
+
+def _make_run(seed: int):
+    """Model, optimizer, scheduler, loader and loader generator for a tiny seeded run."""
+    seed_everything(seed)
+    data_gen = torch.Generator().manual_seed(1000)  # fixed data, independent of the run's seed
+    inputs, targets = torch.randn(48, 6, generator=data_gen), torch.randn(48, 1, generator=data_gen)
+    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    loader_gen = make_generator(seed)
+    ds = NoiseAugmentedDataset(inputs, targets, noise_std=0.1, seed=seed)
+    loader = DataLoader(ds, batch_size=8, shuffle=True, num_workers=2, worker_init_fn=seed_worker, generator=loader_gen)
+    return model, opt, sched, loader, loader_gen
+
+
+def _train_epochs(model, opt, sched, loader, epochs: int) -> None:
+    for _ in range(epochs):
+        for x, y in loader:
+            opt.zero_grad(set_to_none=True)
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+        sched.step()
+
+
+def _resumed_fingerprint(restore_rng: bool) -> str:
+    model, opt, sched, loader, gen = _make_run(0)
+    _train_epochs(model, opt, sched, loader, 1)
+    buffer = io.BytesIO()
+    torch.save(
+        {"model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
+         "rng": capture_rng_state([gen]).to_dict()},
+        buffer,
+    )
+    random.random(), np.random.rand(), torch.rand(5)  # the world moves on between save and resume
+    buffer.seek(0)
+    ckpt = torch.load(buffer, weights_only=True)
+    model, opt, sched, loader, gen = _make_run(1)  # fresh objects, other seed: everything must come from ckpt
+    model.load_state_dict(ckpt["model"])
+    opt.load_state_dict(ckpt["opt"])
+    sched.load_state_dict(ckpt["sched"])
+    if restore_rng:
+        restore_rng_state(RngState.from_dict(ckpt["rng"]), [gen])
+    _train_epochs(model, opt, sched, loader, 1)
+    return fingerprint(model)
+
+
+def test_resume_equals_uninterrupted_run_and_needs_the_rng_state():
+    model, opt, sched, loader, _ = _make_run(0)
+    _train_epochs(model, opt, sched, loader, 2)
+    uninterrupted = fingerprint(model)
+    assert _resumed_fingerprint(restore_rng=True) == uninterrupted
+    assert _resumed_fingerprint(restore_rng=False) != uninterrupted

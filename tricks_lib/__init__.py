@@ -5,6 +5,7 @@ Import what you need; importing changes no seed, flag or plot style.
     from tricks_lib import compare, measure_memory, describe
 """
 
+from tricks_lib.batch_size import BatchProbe, BatchSearch, largest_batch
 from tricks_lib.bench import Comparison, ComparisonRow, Measurement, compare, format_seconds, measure, time_first_call
 from tricks_lib.env import EnvInfo, describe, is_colab, pick_device, quick_mode, size_for_mode
 from tricks_lib.memory import MemoryReport, StateBytes, format_bytes, measure_memory, model_state_bytes
@@ -26,6 +27,8 @@ from tricks_lib.results import Record, load_records, record
 __version__ = "0.1.0"
 
 __all__ = [
+    "BatchProbe",
+    "BatchSearch",
     "Comparison",
     "ComparisonRow",
     "DeterminismFlags",
@@ -44,6 +47,7 @@ __all__ = [
     "format_bytes",
     "format_seconds",
     "is_colab",
+    "largest_batch",
     "load_records",
     "make_generator",
     "measure",

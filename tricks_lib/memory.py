@@ -39,13 +39,17 @@ class MemoryReport:
 
     ``saved_bytes`` counts the tensors autograd saved for backward during the call, once per storage,
     leaving out parameters and views of them (a Linear saves its weight transposed: that is not
-    activation memory). The CUDA fields are None on other devices.
+    activation memory). ``peak_saved_bytes`` is the most of those alive at one time: the same for a
+    single forward pass, smaller when the call frees saved tensors and saves new ones (several
+    forward/backward passes, as in gradient accumulation). A saved view counts its whole storage.
+    The CUDA fields are None on other devices.
     """
 
     label: str
     device: str
     saved_bytes: int
     saved_tensors: int  # distinct storages counted
+    peak_saved_bytes: int = 0  # most saved bytes alive at once during the call
     peak_allocated_bytes: int | None = None  # CUDA: max bytes allocated during the call
     peak_reserved_bytes: int | None = None  # CUDA: max bytes the caching allocator held
     allocated_before_bytes: int | None = None  # CUDA: bytes already allocated when the call began
@@ -59,6 +63,8 @@ class MemoryReport:
 
     def __repr__(self) -> str:
         parts = [f"saved for backward {format_bytes(self.saved_bytes)} in {self.saved_tensors} tensors"]
+        if self.peak_saved_bytes != self.saved_bytes:
+            parts.append(f"at most {format_bytes(self.peak_saved_bytes)} alive at once")
         if self.peak_allocated_bytes is not None:
             parts.append(f"peak allocated {format_bytes(self.peak_allocated_bytes)}")
             parts.append(f"peak reserved {format_bytes(self.peak_reserved_bytes)}")
@@ -73,6 +79,7 @@ class MemoryReport:
             "device": self.device,
             "saved_bytes": self.saved_bytes,
             "saved_tensors": self.saved_tensors,
+            "peak_saved_bytes": self.peak_saved_bytes,
             "peak_allocated_bytes": self.peak_allocated_bytes,
             "peak_reserved_bytes": self.peak_reserved_bytes,
             "allocated_before_bytes": self.allocated_before_bytes,
@@ -122,15 +129,29 @@ def measure_memory(
     # Address -> weak reference to the storage counted there. A dead reference means that storage was
     # freed during the call and a new one reuses its address: that one is new and counted again.
     # Weak, so the measurement never keeps memory alive that the call itself would free.
-    live: dict[tuple, weakref.ref | None] = {}
+    seen: dict[tuple, weakref.ref | None] = {}
+    # Saved bytes still alive, and their maximum: a loop of forward/backward passes (gradient
+    # accumulation) frees each pass's activations before the next, so its peak is one pass's worth.
+    live = {"bytes": 0, "peak": 0}
+    finalizers: list[weakref.finalize] = []
+
+    def release(nbytes: int) -> None:
+        live["bytes"] -= nbytes
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         if not _is_parameter_or_view(t):
             key, nbytes = _storage_key_and_bytes(t)
-            ref = live.get(key, False)
+            ref = seen.get(key, False)
             if ref is False or (ref is not None and ref() is None):
                 counted.append(nbytes)
-                live[key] = weakref.ref(t.untyped_storage()) if key[0] != "tensor" else None
+                live["bytes"] += nbytes
+                live["peak"] = max(live["peak"], live["bytes"])
+                if key[0] == "tensor":
+                    seen[key] = None
+                else:
+                    storage = t.untyped_storage()
+                    seen[key] = weakref.ref(storage)
+                    finalizers.append(weakref.finalize(storage, release, nbytes))
         return t
 
     def unpack(t: torch.Tensor) -> torch.Tensor:
@@ -144,6 +165,8 @@ def measure_memory(
         before = torch.cuda.memory_allocated(dev)
     with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         fn()
+    for finalizer in finalizers:
+        finalizer.detach()  # the call is over: storages freed later are none of this report's business
     peak_alloc = peak_reserved = None
     if cuda:
         torch.cuda.synchronize(dev)
@@ -154,6 +177,7 @@ def measure_memory(
         device=str(dev),
         saved_bytes=sum(counted),
         saved_tensors=len(counted),
+        peak_saved_bytes=live["peak"],
         peak_allocated_bytes=peak_alloc,
         peak_reserved_bytes=peak_reserved,
         allocated_before_bytes=before,

@@ -1,0 +1,158 @@
+"""Tests for the claims of the "Saving memory" notebook, measured with tricks_lib.memory on the CPU.
+
+Checkpointing: same gradients, and the bound on saved activations. For a stack of n blocks
+(Linear -> ReLU, each saving one (B, W) activation), the plain forward saves n + 1 activations (the
+input and each block's output). ``checkpoint_sequential`` with s segments keeps the s - 1 checkpointed
+segments' inputs plus the last segment, which it runs without checkpointing (n/s outputs and its
+input): s + n/s activations. With s = sqrt(n) that is 2 sqrt(n), against n + 1 (Chen et al. 2016).
+"""
+
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+from torch.utils.checkpoint import checkpoint, checkpoint_sequential
+
+from tricks_lib.memory import measure_memory, model_state_bytes
+
+BATCH, WIDTH = 8, 32
+ACTIVATION = BATCH * WIDTH * 4  # bytes of one float32 (B, W) activation
+
+
+def stack(depth: int, seed: int = 0) -> nn.Sequential:
+    torch.manual_seed(seed)
+    return nn.Sequential(*[nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.ReLU()) for _ in range(depth)])
+
+
+def grads_of(model: nn.Module, loss: torch.Tensor) -> list[torch.Tensor]:
+    model.zero_grad(set_to_none=True)
+    loss.backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def per_block_checkpoint(model, x, use_reentrant):
+    for block in model:
+        x = checkpoint(block, x, use_reentrant=use_reentrant)
+    return x
+
+
+def test_checkpointed_and_plain_runs_give_the_same_gradients():
+    model = stack(6)
+    x = torch.randn(BATCH, WIDTH, requires_grad=True)  # reentrant checkpoint needs an input that requires grad
+    plain = grads_of(model, model(x).pow(2).sum())
+    variants = {
+        "non-reentrant": lambda: per_block_checkpoint(model, x, False),
+        "reentrant": lambda: per_block_checkpoint(model, x, True),
+        "sequential": lambda: checkpoint_sequential(model, 3, x, use_reentrant=False),
+        "sequential reentrant": lambda: checkpoint_sequential(model, 3, x, use_reentrant=True),
+    }
+    for name, run in variants.items():
+        for got, want in zip(grads_of(model, run().pow(2).sum()), plain):
+            torch.testing.assert_close(got, want, rtol=0, atol=0, msg=f"{name} differs from plain")
+
+
+@pytest.mark.parametrize("depth", [4, 16, 64])
+def test_plain_stack_saves_one_activation_per_block_plus_the_input(depth):
+    model = stack(depth)
+    x = torch.randn(BATCH, WIDTH)
+    assert measure_memory(lambda: model(x), device="cpu").saved_bytes == (depth + 1) * ACTIVATION
+
+
+@pytest.mark.parametrize("depth", [4, 16, 64])
+@pytest.mark.parametrize("use_reentrant", [False, True])
+def test_sqrt_checkpointing_saves_2_sqrt_n_activations(depth, use_reentrant):
+    model = stack(depth)
+    x = torch.randn(BATCH, WIDTH, requires_grad=use_reentrant)
+    segments = math.isqrt(depth)  # depths are squares: n/s = s
+    saved = measure_memory(
+        lambda: checkpoint_sequential(model, segments, x, use_reentrant=use_reentrant), device="cpu"
+    ).saved_bytes
+    assert saved == (segments + depth // segments) * ACTIVATION  # = 2 sqrt(n) activations
+    assert saved < (depth + 1) * ACTIVATION  # below the plain stack's n + 1
+
+
+def test_checkpointing_updates_batchnorm_running_statistics_twice():
+    torch.manual_seed(0)
+    block = nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.BatchNorm1d(WIDTH))
+    x = torch.randn(BATCH, WIDTH, requires_grad=True)
+    checkpoint(block, x, use_reentrant=False).sum().backward()
+    assert block[1].num_batches_tracked.item() == 2  # forward, then the recompute in backward
+
+
+def test_gradient_accumulation_equals_the_full_batch_without_batchnorm():
+    model = stack(3)
+    x, y = torch.randn(4 * BATCH, WIDTH), torch.randn(4 * BATCH, WIDTH)
+    loss_fn = nn.MSELoss()
+    full = grads_of(model, loss_fn(model(x), y))
+    model.zero_grad(set_to_none=True)
+    for xb, yb in zip(x.chunk(4), y.chunk(4)):
+        (loss_fn(model(xb), yb) / 4).backward()  # mean loss: divide by the number of micro-batches
+    for got, want in zip((p.grad for p in model.parameters()), full):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_gradient_accumulation_is_not_exact_with_batchnorm():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.BatchNorm1d(WIDTH), nn.ReLU(), nn.Linear(WIDTH, 1))
+    x, y = torch.randn(4 * BATCH, WIDTH), torch.randn(4 * BATCH, 1)
+    full = grads_of(model, nn.functional.mse_loss(model(x), y))
+    model.zero_grad(set_to_none=True)
+    for xb, yb in zip(x.chunk(4), y.chunk(4)):
+        (nn.functional.mse_loss(model(xb), yb) / 4).backward()
+    first = model[0].weight.grad
+    assert (first - full[0]).norm() / full[0].norm() > 1e-3  # per-micro-batch statistics differ
+
+
+def test_micro_batch_saves_a_fraction_of_the_full_batch():
+    model = stack(4)
+    x = torch.randn(4 * BATCH, WIDTH)
+    full = measure_memory(lambda: model(x), device="cpu").saved_bytes
+    micro = measure_memory(lambda: model(x[:BATCH].clone()), device="cpu").saved_bytes
+    assert micro * 4 == full
+
+
+def test_inplace_relu_saves_the_same_bytes_after_linear():
+    x = torch.randn(BATCH, WIDTH)
+    saved = {}
+    for inplace in (False, True):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.ReLU(inplace=inplace), nn.Linear(WIDTH, WIDTH))
+        saved[inplace] = measure_memory(lambda: model(x), device="cpu").saved_bytes
+    assert saved[False] == saved[True] == 2 * ACTIVATION  # input, ReLU output; Linear's output is not kept
+
+
+def test_inplace_op_on_a_saved_tensor_fails_in_backward():
+    x = torch.randn(BATCH, requires_grad=True)
+    y = torch.sigmoid(x)  # sigmoid saves its output for backward
+    y.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+
+
+def test_no_grad_and_inference_mode_save_nothing_but_eval_does():
+    model = stack(3).eval()
+    x = torch.randn(BATCH, WIDTH)
+    assert measure_memory(lambda: model(x), device="cpu").saved_bytes == 4 * ACTIVATION
+
+    def no_grad():
+        with torch.no_grad():
+            return model(x)
+
+    def inference():
+        with torch.inference_mode():
+            return model(x)
+
+    assert measure_memory(no_grad, device="cpu").saved_bytes == 0
+    assert measure_memory(inference, device="cpu").saved_bytes == 0
+
+
+def test_frozen_backbone_saves_only_the_head_and_gets_no_gradients():
+    model = stack(4)
+    for p in model[:3].parameters():
+        p.requires_grad_(False)
+    x = torch.randn(BATCH, WIDTH)
+    assert measure_memory(lambda: model(x), device="cpu").saved_bytes == 2 * ACTIVATION  # head input, its ReLU
+    model(x).sum().backward()
+    state = model_state_bytes(model)
+    assert state.gradients == (WIDTH * WIDTH + WIDTH) * 4  # the head's weight and bias only

@@ -1,0 +1,289 @@
+"""One-file containers for many small samples: writers (atomic) and readers.
+
+Every writer takes WebDataset-style samples ``{"__key__": str, ext: bytes, ...}`` (all samples with
+the same fields) and writes under a temporary name that is renamed on success. Every map-style
+reader returns the same dicts, so the formats can be swapped in one line:
+
+=================  =========================  ===========================================
+format             writer                     reader
+=================  =========================  ===========================================
+folder of files    ``write_image_folder``     :class:`FolderDataset`
+LMDB               :func:`write_lmdb`         :class:`LmdbDataset`
+HDF5 (h5py)        :func:`write_hdf5`         :class:`Hdf5Dataset`
+TFRecord           :func:`write_tfrecord`     :func:`read_tfrecord` (sequential only)
+one ``.pt`` file   :func:`write_pt`           :class:`PtDataset` (``torch.load(mmap=True)``)
+numpy ``.npy``     :func:`write_npy`          ``np.load(path, mmap_mode="r")``
+=================  =========================  ===========================================
+
+LMDB and HDF5 handles are opened lazily in the process that reads (they must not cross a
+``fork`` into DataLoader workers).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from ._atomic import atomic_path
+from .images import _check_samples
+
+
+def _fields_and_list(samples: Iterable[dict]) -> tuple[list[dict], tuple[str, ...]]:
+    samples = list(_check_samples(samples))
+    if not samples:
+        raise ValueError("samples is empty")
+    fields = tuple(k for k in samples[0] if not k.startswith("__"))
+    keys = set()
+    for s in samples:
+        if tuple(k for k in s if not k.startswith("__")) != fields:
+            raise ValueError(f"sample {s['__key__']!r} has fields different from {fields}; "
+                             "all samples need the same fields in the same order")
+        if s["__key__"] in keys:
+            raise ValueError(f"duplicate sample key {s['__key__']!r}")
+        keys.add(s["__key__"])
+    return samples, fields
+
+
+class _SampleDataset(Dataset):
+    """Shared part of the map-style readers: ``transform`` and a short repr."""
+
+    def __init__(self, path: str | os.PathLike, transform: Callable[[dict], object] | None):
+        self.path = Path(path)
+        if not self.path.exists():
+            raise FileNotFoundError(f"{self.path} does not exist")
+        if transform is not None and not callable(transform):
+            raise TypeError("transform must be callable or None")
+        self.transform = transform
+
+    def _out(self, sample: dict) -> object:
+        return sample if self.transform is None else self.transform(sample)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.path.name!r}, {len(self)} samples)"
+
+
+class FolderDataset(_SampleDataset):
+    """Samples stored as one file per field (``<key>.<ext>``) in a folder, read with ``open``."""
+
+    def __init__(self, root: str | os.PathLike, *, transform: Callable[[dict], object] | None = None):
+        super().__init__(root, transform)
+        groups: dict[str, dict[str, Path]] = {}
+        for p in sorted(self.path.rglob("*")):
+            if p.is_file() and not p.name.startswith("."):
+                rel = p.relative_to(self.path).as_posix()
+                head, _, base = rel.rpartition("/")
+                stem, _, ext = base.partition(".")
+                groups.setdefault(f"{head}/{stem}" if head else stem, {})[ext] = p
+        self.keys = sorted(groups)
+        self._files = [groups[k] for k in self.keys]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __getitem__(self, i: int) -> object:
+        sample = {"__key__": self.keys[i]}
+        for ext, p in self._files[i].items():
+            with open(p, "rb") as f:
+                sample[ext] = f.read()
+        return self._out(sample)
+
+
+def write_lmdb(samples: Iterable[dict], path: str | os.PathLike) -> Path:
+    """Write samples to one LMDB file (``subdir=False``), atomically. Returns the path."""
+    import lmdb
+
+    samples, fields = _fields_and_list(samples)
+    path = Path(path)
+    payload = sum(len(s[f]) for s in samples for f in fields)
+    map_size = 2 * payload + 4096 * 4 * len(samples) * len(fields) + (16 << 20)
+    with atomic_path(path) as tmp:
+        env = lmdb.open(str(tmp), subdir=False, lock=False, map_size=map_size)
+        try:
+            with env.begin(write=True) as txn:
+                txn.put(b"__keys__", "\n".join(s["__key__"] for s in samples).encode())
+                txn.put(b"__fields__", ",".join(fields).encode())
+                for s in samples:
+                    for f in fields:
+                        txn.put(f"{s['__key__']}.{f}".encode(), bytes(s[f]))
+            env.sync(True)
+        finally:
+            env.close()
+    return path
+
+
+class LmdbDataset(_SampleDataset):
+    """Read an LMDB file made by :func:`write_lmdb` (read-only, no lock, opened per process)."""
+
+    def __init__(self, path: str | os.PathLike, *, transform: Callable[[dict], object] | None = None):
+        super().__init__(path, transform)
+        env = self._open()
+        with env.begin() as txn:
+            self.keys = txn.get(b"__keys__").decode().split("\n")
+            self.fields = tuple(txn.get(b"__fields__").decode().split(","))
+        env.close()
+        self._env, self._pid = None, None
+
+    def _open(self):
+        import lmdb
+
+        return lmdb.open(str(self.path), subdir=False, readonly=True, lock=False,
+                         readahead=False, meminit=False)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __getitem__(self, i: int) -> object:
+        if self._pid != os.getpid():  # first use in this process (e.g. a DataLoader worker)
+            if self._env is not None:  # inherited through fork: LMDB forbids using it here
+                self._env.close()
+            self._env, self._pid = self._open(), os.getpid()
+        key = self.keys[i]
+        with self._env.begin(buffers=False) as txn:
+            sample = {"__key__": key}
+            sample.update({f: txn.get(f"{key}.{f}".encode()) for f in self.fields})
+        return self._out(sample)
+
+    def close(self) -> None:
+        """Close this process's handle (unmapping the file); the next read reopens it."""
+        if self._env is not None and self._pid == os.getpid():
+            self._env.close()
+        self._env, self._pid = None, None
+
+    def __getstate__(self):
+        return {**self.__dict__, "_env": None, "_pid": None}
+
+
+def write_hdf5(samples: Iterable[dict], path: str | os.PathLike) -> Path:
+    """Write samples to one HDF5 file: a ``keys`` dataset and one variable-length uint8 dataset
+    per field. Atomic. Returns the path."""
+    import h5py
+
+    samples, fields = _fields_and_list(samples)
+    path = Path(path)
+    with atomic_path(path) as tmp, h5py.File(tmp, "w") as h5:
+        h5.create_dataset("keys", data=[s["__key__"] for s in samples],
+                          dtype=h5py.string_dtype())
+        for f in fields:
+            ds = h5.create_dataset(f, (len(samples),), dtype=h5py.vlen_dtype(np.uint8))
+            for i, s in enumerate(samples):
+                ds[i] = np.frombuffer(bytes(s[f]), dtype=np.uint8)
+    return path
+
+
+class Hdf5Dataset(_SampleDataset):
+    """Read an HDF5 file made by :func:`write_hdf5` (file opened per process)."""
+
+    def __init__(self, path: str | os.PathLike, *, transform: Callable[[dict], object] | None = None):
+        super().__init__(path, transform)
+        import h5py
+
+        with h5py.File(self.path, "r") as h5:
+            self.keys = [k.decode() for k in h5["keys"][()]]
+            self.fields = tuple(k for k in h5 if k != "keys")
+        self._h5, self._pid = None, None
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __getitem__(self, i: int) -> object:
+        import h5py
+
+        if self._pid != os.getpid():  # an HDF5 handle must not be shared across fork
+            self._h5, self._pid = h5py.File(self.path, "r"), os.getpid()
+        sample = {"__key__": self.keys[i]}
+        sample.update({f: self._h5[f][i].tobytes() for f in self.fields})
+        return self._out(sample)
+
+    def close(self) -> None:
+        """Close this process's file handle; the next read reopens it."""
+        if self._h5 is not None and self._pid == os.getpid():
+            self._h5.close()
+        self._h5, self._pid = None, None
+
+    def __getstate__(self):
+        return {**self.__dict__, "_h5": None, "_pid": None}
+
+
+def write_tfrecord(samples: Iterable[dict], path: str | os.PathLike) -> Path:
+    """Write samples as TFRecord ``Example`` records (the ``tfrecord`` package), atomically."""
+    import tfrecord
+
+    samples, fields = _fields_and_list(samples)
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        writer = tfrecord.TFRecordWriter(str(tmp))
+        try:
+            for s in samples:
+                record = {"__key__": (s["__key__"].encode(), "byte")}
+                record.update({f: (bytes(s[f]), "byte") for f in fields})
+                writer.write(record)
+        finally:
+            writer.close()
+    return path
+
+
+def read_tfrecord(path: str | os.PathLike, fields: Iterable[str]) -> Iterator[dict]:
+    """Yield the samples of a TFRecord file made by :func:`write_tfrecord`, in order.
+
+    TFRecord has no random access without a separate index file, so this reader is sequential.
+    """
+    from tfrecord.reader import tfrecord_loader
+
+    description = {"__key__": "byte", **{f: "byte" for f in fields}}
+    for record in tfrecord_loader(str(path), None, description):
+        record["__key__"] = record["__key__"].decode()
+        yield record
+
+
+def write_pt(samples: Iterable[dict], path: str | os.PathLike) -> Path:
+    """Write samples into one ``torch.save`` file, atomically.
+
+    Layout: ``{"keys": [str], "fields": {ext: (data, offsets)}}`` where ``data`` is one flat uint8
+    tensor of all samples' bytes and ``offsets`` (int64, length N+1) marks where each starts, so
+    ``torch.load(..., mmap=True)`` maps the file and a sample is a zero-copy slice.
+    """
+    samples, fields = _fields_and_list(samples)
+    path = Path(path)
+    payload = {"keys": [s["__key__"] for s in samples], "fields": {}}
+    for f in fields:
+        sizes = torch.tensor([0] + [len(s[f]) for s in samples], dtype=torch.int64)
+        data = torch.frombuffer(bytearray(b"".join(bytes(s[f]) for s in samples)), dtype=torch.uint8)
+        payload["fields"][f] = (data, torch.cumsum(sizes, 0))
+    with atomic_path(path) as tmp:
+        torch.save(payload, tmp)
+    return path
+
+
+class PtDataset(_SampleDataset):
+    """Read a file made by :func:`write_pt` with ``torch.load(weights_only=True, mmap=mmap)``."""
+
+    def __init__(self, path: str | os.PathLike, *, mmap: bool = True,
+                 transform: Callable[[dict], object] | None = None):
+        super().__init__(path, transform)
+        payload = torch.load(self.path, weights_only=True, mmap=mmap)
+        self.keys, self._fields = payload["keys"], payload["fields"]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __getitem__(self, i: int) -> object:
+        sample = {"__key__": self.keys[i]}
+        for f, (data, offsets) in self._fields.items():
+            sample[f] = data[int(offsets[i]):int(offsets[i + 1])].numpy().tobytes()
+        return self._out(sample)
+
+
+def write_npy(array: np.ndarray, path: str | os.PathLike) -> Path:
+    """Save an array as ``.npy`` atomically; read it back with ``np.load(path, mmap_mode="r")``."""
+    if not isinstance(array, np.ndarray):
+        raise TypeError(f"array must be a numpy array, got {type(array).__name__}")
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
+            np.save(f, array)
+    return path

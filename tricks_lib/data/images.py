@@ -1,0 +1,263 @@
+"""A seeded, offline image dataset made from real photographs that ship inside installed packages.
+
+Each image is a random crop (random scale and aspect ratio), optional horizontal flip and rescale of
+one of a few photographs bundled with matplotlib, scikit-learn and scikit-image; its label is the
+index of the photograph it came from. Nothing is downloaded. Image ``i`` depends only on
+``(seed, i)``: the same seed gives the same pixels and, with the same Pillow/libjpeg build, the
+same encoded bytes.
+
+Samples use the WebDataset convention: a dict ``{"__key__": "000017", "jpg": b"...", "cls": b"3"}``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+import torch
+
+from ._atomic import write_bytes_atomic
+
+# (top-level package, file inside it, class name). Any subset that is installed is used.
+_SOURCE_PHOTOS = (
+    ("matplotlib", "mpl-data/sample_data/grace_hopper.jpg", "grace_hopper"),
+    ("sklearn", "datasets/images/china.jpg", "china"),
+    ("sklearn", "datasets/images/flower.jpg", "flower"),
+    ("skimage", "data/astronaut.png", "astronaut"),
+    ("skimage", "data/coffee.png", "coffee"),
+    ("skimage", "data/chelsea.png", "chelsea"),
+    ("skimage", "data/rocket.jpg", "rocket"),
+    ("skimage", "data/motorcycle_left.png", "motorcycle"),
+    ("skimage", "data/hubble_deep_field.jpg", "hubble"),
+    ("skimage", "data/retina.jpg", "retina"),
+)
+
+IMAGE_FORMATS = ("jpg", "png", "bmp", "raw")
+_PIL_FORMAT = {"jpg": "JPEG", "png": "PNG", "bmp": "BMP"}
+
+
+def find_source_photos() -> dict[str, Path]:
+    """Return ``{class_name: path}`` for the bundled photographs that are installed here.
+
+    Raises:
+        RuntimeError: if none is installed (install matplotlib, scikit-learn or scikit-image).
+    """
+    found: dict[str, Path] = {}
+    for package, relative, name in _SOURCE_PHOTOS:
+        spec = importlib.util.find_spec(package)
+        if spec is None or spec.origin is None:
+            continue
+        path = Path(spec.origin).parent / relative
+        if path.is_file():
+            found[name] = path
+    if not found:
+        raise RuntimeError(
+            "no source photographs found: install matplotlib, scikit-learn or scikit-image"
+        )
+    return found
+
+
+@dataclass(frozen=True, repr=False)
+class PhotoSet:
+    """Decoded images and labels.
+
+    Attributes:
+        images: uint8 array of shape (N, H, W, 3), RGB.
+        labels: int64 array of shape (N,); ``labels[i]`` indexes ``class_names``.
+        class_names: the photograph each label stands for.
+        seed: the seed the set was rendered with.
+    """
+
+    images: np.ndarray
+    labels: np.ndarray
+    class_names: tuple[str, ...]
+    seed: int
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __repr__(self) -> str:
+        n, h, w, c = self.images.shape
+        return (f"PhotoSet({n} images of {h}x{w}x{c} uint8, {len(self.class_names)} classes, "
+                f"seed={self.seed})")
+
+
+def _check_size(size: int | tuple[int, int]) -> tuple[int, int]:
+    if isinstance(size, int):
+        size = (size, size)
+    if (not isinstance(size, tuple) or len(size) != 2
+            or not all(isinstance(s, int) and s >= 8 for s in size)):
+        raise ValueError(f"size must be an int >= 8 or a (height, width) pair of them, got {size!r}")
+    return size
+
+
+def render_photos(count: int, *, size: int | tuple[int, int] = 96, seed: int = 0) -> PhotoSet:
+    """Render ``count`` images by random crop, flip and rescale of the bundled photographs.
+
+    Args:
+        count: number of images (>= 1).
+        size: output size, an int (square) or ``(height, width)``; at least 8 pixels.
+        seed: image ``i`` depends only on ``(seed, i)``.
+    Returns:
+        A :class:`PhotoSet`.
+    Raises:
+        ValueError: on a bad count or size.
+    """
+    if not isinstance(count, int) or count < 1:
+        raise ValueError(f"count must be a positive int, got {count!r}")
+    height, width = _check_size(size)
+    sources = find_source_photos()
+    names = tuple(sources)
+    photos = []
+    for name in names:
+        with Image.open(sources[name]) as im:
+            photos.append(im.convert("RGB"))
+    images = np.empty((count, height, width, 3), dtype=np.uint8)
+    labels = np.empty(count, dtype=np.int64)
+    for i in range(count):
+        rng = np.random.default_rng((seed, i))
+        label = int(rng.integers(len(photos)))
+        src = photos[label]
+        short = min(src.size)
+        # Crop side between a quarter of the short side and all of it; aspect ratio 3:4 to 4:3.
+        side = rng.uniform(0.25, 1.0) * short
+        aspect = float(np.exp(rng.uniform(np.log(3 / 4), np.log(4 / 3))))
+        crop_w = min(src.size[0], max(8, round(side * np.sqrt(aspect))))
+        crop_h = min(src.size[1], max(8, round(side / np.sqrt(aspect))))
+        left = int(rng.integers(src.size[0] - crop_w + 1))
+        top = int(rng.integers(src.size[1] - crop_h + 1))
+        flip = bool(rng.random() < 0.5)
+        im = src.crop((left, top, left + crop_w, top + crop_h))
+        im = im.resize((width, height), Image.BILINEAR)  # Pillow's resize is antialiased
+        if flip:
+            im = im.transpose(Image.FLIP_LEFT_RIGHT)
+        images[i] = np.asarray(im)
+        labels[i] = label
+    return PhotoSet(images=images, labels=labels, class_names=names, seed=seed)
+
+
+def encode_image(image: np.ndarray, fmt: str, *, quality: int = 90) -> bytes:
+    """Encode one (H, W, 3) uint8 image as ``fmt`` ("jpg", "png", "bmp" or "raw" pixel bytes).
+
+    Raises:
+        ValueError: on an unknown format or an image that is not (H, W, 3) uint8.
+    """
+    if fmt not in IMAGE_FORMATS:
+        raise ValueError(f"fmt must be one of {IMAGE_FORMATS}, got {fmt!r}")
+    if not isinstance(image, np.ndarray) or image.dtype != np.uint8 or image.ndim != 3 \
+            or image.shape[2] != 3:
+        raise ValueError("image must be a (H, W, 3) uint8 numpy array")
+    if fmt == "raw":
+        return np.ascontiguousarray(image).tobytes()
+    buf = io.BytesIO()
+    options = {"quality": quality} if fmt == "jpg" else {}
+    Image.fromarray(image).save(buf, format=_PIL_FORMAT[fmt], **options)
+    return buf.getvalue()
+
+
+def decode_image(data: bytes, fmt: str, *, shape: tuple[int, int, int] | None = None) -> np.ndarray:
+    """Decode bytes made by :func:`encode_image` to an (H, W, 3) uint8 array (with Pillow).
+
+    Args:
+        data: encoded bytes.
+        fmt: "jpg", "png", "bmp" or "raw".
+        shape: required for "raw" (raw bytes carry no shape), ignored otherwise.
+    Raises:
+        ValueError: on an unknown format, or "raw" without a matching shape.
+    """
+    if fmt not in IMAGE_FORMATS:
+        raise ValueError(f"fmt must be one of {IMAGE_FORMATS}, got {fmt!r}")
+    if fmt == "raw":
+        if shape is None or int(np.prod(shape)) != len(data):
+            raise ValueError(f"raw data needs shape=(H, W, 3) with {len(data)} elements, got {shape}")
+        return np.frombuffer(data, dtype=np.uint8).reshape(shape)
+    with Image.open(io.BytesIO(data)) as im:
+        return np.asarray(im.convert("RGB"))
+
+
+def make_samples(photos: PhotoSet, *, fmt: str = "jpg", quality: int = 90) -> list[dict]:
+    """Encode a :class:`PhotoSet` as WebDataset-style samples.
+
+    Returns:
+        ``[{"__key__": "000000", fmt: encoded_bytes, "cls": b"<label>"}, ...]`` in index order.
+    """
+    if not isinstance(photos, PhotoSet):
+        raise TypeError(f"photos must be a PhotoSet (from render_photos), got {type(photos).__name__}")
+    return [
+        {"__key__": f"{i:06d}", fmt: encode_image(img, fmt, quality=quality),
+         "cls": str(int(label)).encode()}
+        for i, (img, label) in enumerate(zip(photos.images, photos.labels))
+    ]
+
+
+def _check_samples(samples: Iterable[dict]) -> Iterable[dict]:
+    """Yield samples after checking each is ``{"__key__": str, ext: bytes, ...}`` (keys without '.')."""
+    for sample in samples:
+        if not isinstance(sample, dict) or not isinstance(sample.get("__key__"), str):
+            raise TypeError('each sample must be a dict with a str "__key__" and bytes fields')
+        key = sample["__key__"]
+        if not key or "." in os.path.basename(key) or key.startswith("/") or ".." in key.split("/"):
+            raise ValueError(f"sample key {key!r} must be a non-empty relative name without '.'")
+        for ext, value in sample.items():
+            if ext.startswith("__"):
+                continue
+            if not isinstance(value, (bytes, bytearray, memoryview)):
+                raise TypeError(f"sample {key!r} field {ext!r} must be bytes, got {type(value).__name__}"
+                                " (encode it first, e.g. str(label).encode())")
+        yield sample
+
+
+def write_image_folder(samples: Iterable[dict], out_dir: str | os.PathLike) -> list[Path]:
+    """Write each field of each sample as its own file ``out_dir/<key>.<ext>``, atomically.
+
+    Returns:
+        The written paths, in sample order. Each file appears only once completely written.
+    Raises:
+        TypeError/ValueError: on malformed samples (see :func:`make_samples`).
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for sample in _check_samples(samples):
+        for ext, value in sample.items():
+            if not ext.startswith("__"):
+                path = out / f"{sample['__key__']}.{ext}"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                written.append(write_bytes_atomic(path, bytes(value)))
+    return written
+
+
+class DecodeSample:
+    """Transform a sample dict into ``(image, label)``: a (3, H, W) uint8 tensor and an int.
+
+    Decodes ``sample[field]`` with Pillow, optionally resized to ``size`` (bilinear, antialiased).
+    With ``draft=True`` a JPEG is decoded at a reduced scale first (libjpeg DCT scaling: 1/2, 1/4,
+    1/8) when that still covers ``size``: less work for the same output size, slightly different
+    pixels. A class (not a lambda) so DataLoader workers can pickle it under any start method.
+    """
+
+    def __init__(self, size: int | None = None, *, field: str = "jpg", draft: bool = False):
+        if size is not None and (not isinstance(size, int) or size < 1):
+            raise ValueError(f"size must be a positive int or None, got {size!r}")
+        if draft and size is None:
+            raise ValueError("draft=True needs a target size")
+        self.size, self.field, self.draft = size, field, draft
+
+    def __call__(self, sample: dict) -> tuple[torch.Tensor, int]:
+        with Image.open(io.BytesIO(sample[self.field])) as im:
+            if self.draft:
+                im.draft("RGB", (self.size, self.size))
+            im = im.convert("RGB")
+            if self.size is not None and im.size != (self.size, self.size):
+                im = im.resize((self.size, self.size), Image.BILINEAR)
+            image = torch.from_numpy(np.asarray(im).copy()).permute(2, 0, 1)  # (3, H, W) uint8
+        return image, int(sample["cls"])
+
+    def __repr__(self) -> str:
+        return f"DecodeSample(size={self.size}, field={self.field!r}, draft={self.draft})"

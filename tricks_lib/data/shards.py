@@ -1,0 +1,402 @@
+"""Tar shards in the WebDataset layout, and an exactly-once ``IterableDataset`` over them.
+
+Layout: a shard is a plain tar file whose members are named ``<key>.<ext>``; consecutive members
+with the same key form one sample ``{"__key__": key, ext: bytes, ...}``. The key is the member name
+up to the first '.' of its base name (WebDataset's rule), so shards written here are read by
+``webdataset`` and shards written by ``webdataset.TarWriter`` are read here.
+
+Why not :mod:`tarfile` for reading: ``tarfile`` treats a corrupt or truncated header after the
+first member as the end of the archive and silently drops the rest of the shard. The reader here
+checks every header checksum, every member size, and the end-of-archive marker, and raises
+:class:`ShardError` naming the shard and the byte offset.
+
+Exactly-once split (see :meth:`TarShardDataset.plan`): all consumers (every DataLoader worker of
+every rank) compute the same global sample order (shards in order, or shuffled by ``(seed, epoch)``),
+then rank ``r`` of ``R`` takes the contiguous range ``[r*N//R, (r+1)*N//R)`` of the ``N`` samples and
+worker ``w`` of ``W`` takes the same-formula sub-range of its rank's range. The ranges partition
+``0..N-1``, so every sample is read exactly once for any number of shards, workers and ranks, even
+with fewer shards than consumers (a shard is then split between consumers by byte offset), and
+consumers differ by at most one sample. Each consumer reads contiguous byte ranges: sequential IO.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tarfile
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from ._atomic import atomic_path
+from .images import _check_samples
+
+_BLOCK = 512
+_ZERO_BLOCK = bytes(_BLOCK)
+
+
+class ShardError(ValueError):
+    """A shard is truncated or corrupt. ``shard`` is its path, ``offset`` the byte offset of the problem."""
+
+    def __init__(self, shard: Path, offset: int, reason: str):
+        super().__init__(f"{shard}: {reason} at byte offset {offset}")
+        self.shard = Path(shard)
+        self.offset = offset
+        self.reason = reason
+
+    def __reduce__(self):  # keep the attributes when re-raised from a DataLoader worker
+        return (type(self), (self.shard, self.offset, self.reason))
+
+
+def write_tar_shards(samples: Iterable[dict], out_dir: str | os.PathLike, *, samples_per_shard: int,
+                     prefix: str = "shard") -> list[Path]:
+    """Write samples into tar shards ``out_dir/<prefix>-000000.tar``, ... in the WebDataset layout.
+
+    Each shard is written under a temporary name and renamed when complete, so an interrupted run
+    leaves only complete shards under final names. Member metadata is fixed (mtime 0, uid 0, mode
+    0444): the same samples give the same bytes.
+
+    Args:
+        samples: iterable of dicts ``{"__key__": str, ext: bytes, ...}``; keys unique, without '.'.
+        out_dir: directory, created if missing.
+        samples_per_shard: samples per shard (>= 1); the last shard may hold fewer.
+        prefix: shard file name prefix.
+    Returns:
+        The shard paths, in order.
+    Raises:
+        TypeError/ValueError: on malformed samples, duplicate keys or a bad ``samples_per_shard``.
+    """
+    if not isinstance(samples_per_shard, int) or samples_per_shard < 1:
+        raise ValueError(f"samples_per_shard must be a positive int, got {samples_per_shard!r}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    shards: list[Path] = []
+    seen: set[str] = set()
+    it = iter(_check_samples(samples))
+    while True:
+        first = next(it, None)
+        if first is None:
+            return shards
+        path = out / f"{prefix}-{len(shards):06d}.tar"
+        with atomic_path(path) as tmp, tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
+            sample, n = first, 0
+            while sample is not None:
+                key = sample["__key__"]
+                if key in seen:
+                    raise ValueError(f"duplicate sample key {key!r}: keys must be unique")
+                seen.add(key)
+                for ext, value in sample.items():
+                    if ext.startswith("__"):
+                        continue
+                    info = tarfile.TarInfo(f"{key}.{ext}")
+                    info.size, info.mtime, info.mode = len(value), 0, 0o444
+                    tar.addfile(info, _BytesReader(bytes(value)))
+                n += 1
+                sample = next(it, None) if n < samples_per_shard else None
+        shards.append(path)
+
+
+class _BytesReader:
+    """Minimal file object for tarfile.addfile (avoids an io.BytesIO copy per member)."""
+
+    def __init__(self, data: bytes):
+        self._data, self._pos = data, 0
+
+    def read(self, n: int = -1) -> bytes:
+        end = len(self._data) if n < 0 else self._pos + n
+        chunk, self._pos = self._data[self._pos:end], min(end, len(self._data))
+        return chunk
+
+
+# --------------------------------------------------------------------------------------- reading
+def _octal(field: bytes) -> int:
+    if field[:1] and field[0] & 0x80:  # GNU base-256 for large values
+        return int.from_bytes(field[1:], "big")
+    text = field.split(b"\0", 1)[0].strip()
+    return int(text, 8) if text else 0
+
+
+def _header_ok(block: bytes) -> bool:
+    try:
+        stored = _octal(block[148:156])
+    except ValueError:
+        return False
+    unsigned = sum(block[:148]) + 8 * 32 + sum(block[156:])
+    signed = unsigned - 2 * sum(b for b in block[:148] + block[156:] if b > 127)
+    return stored in (unsigned, signed)
+
+
+def _pax_records(data: bytes) -> dict[str, str]:
+    records, pos = {}, 0
+    while pos < len(data):
+        space = data.index(b" ", pos)
+        length = int(data[pos:space])
+        key, _, value = data[space + 1:pos + length - 1].partition(b"=")
+        records[key.decode()] = value.decode("utf-8", "surrogateescape")
+        pos += length
+    return records
+
+
+def _members(f, shard: Path, offset: int, stop: int | None, file_size: int,
+             with_data: bool) -> Iterator[tuple[int, str, bytes | None]]:
+    """Yield ``(start_offset, name, data)`` of the regular files from ``offset``.
+
+    ``start_offset`` is where the member's header chain (pax/GNU long-name headers included)
+    begins. Stops at ``stop`` or at the end-of-archive marker; raises ShardError on any defect.
+    """
+    f.seek(offset)
+    chain_start, long_name, pax = None, None, {}
+    while True:
+        if offset == stop and chain_start is None:
+            return
+        block = f.read(_BLOCK)
+        if not block:
+            raise ShardError(shard, offset, "truncated: the end-of-archive marker is missing")
+        if len(block) < _BLOCK:
+            raise ShardError(shard, offset, f"truncated header ({len(block)} of {_BLOCK} bytes)")
+        if block == _ZERO_BLOCK:
+            if chain_start is not None or (stop is not None and offset != stop):
+                raise ShardError(shard, offset, "unexpected end-of-archive marker")
+            return
+        if not _header_ok(block):
+            raise ShardError(shard, offset, "corrupt header (checksum mismatch)")
+        if chain_start is None:
+            chain_start = offset
+        kind = block[156:157]
+        size = int(pax.get("size", _octal(block[124:136])))
+        data_start = offset + _BLOCK
+        offset = data_start + (size + _BLOCK - 1) // _BLOCK * _BLOCK
+        if offset > file_size:
+            raise ShardError(shard, data_start, f"truncated member data ({size} bytes declared, "
+                             f"{max(0, file_size - data_start)} present)")
+        if kind in (b"x", b"L", b"g", b"K") or (with_data and kind in (b"0", b"\0", b"7")):
+            data = f.read(size)
+            f.seek(offset)
+        else:
+            data = None
+            f.seek(offset)
+        if kind == b"x":
+            pax = _pax_records(data)
+            continue
+        if kind == b"L":
+            long_name = data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            continue
+        if kind in (b"g", b"K"):
+            continue
+        name = pax.get("path") or long_name
+        if name is None:
+            name = block[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            prefix = block[345:500].split(b"\0", 1)[0]
+            if block[257:263] == b"ustar\0" and prefix:
+                name = prefix.decode("utf-8", "surrogateescape") + "/" + name
+        start, chain_start, long_name, pax = chain_start, None, None, {}
+        if kind == b"5":
+            continue  # directory entries carry no sample data
+        if kind not in (b"0", b"\0", b"7"):
+            raise ShardError(shard, start, f"unsupported member type {kind!r} for {name!r}")
+        yield start, name, data
+
+
+def _split_name(name: str, shard: Path, offset: int) -> tuple[str, str]:
+    head, _, base = name.rpartition("/")
+    stem, dot, ext = base.partition(".")
+    if not dot or not stem or not ext:
+        raise ShardError(shard, offset, f"member {name!r} is not named <key>.<ext>")
+    return (f"{head}/{stem}" if head else stem), ext
+
+
+@dataclass(frozen=True, repr=False)
+class ShardIndex:
+    """Where each sample of one shard starts. ``offsets[i]`` is sample ``i``'s first byte;
+    ``end`` is the offset of the end-of-archive marker; ``size``/``mtime_ns`` identify the file."""
+
+    path: Path
+    keys: tuple[str, ...]
+    offsets: tuple[int, ...]
+    end: int
+    size: int
+    mtime_ns: int
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __repr__(self) -> str:
+        return f"ShardIndex({self.path.name!r}, {len(self.keys)} samples, {self.size} bytes)"
+
+
+def index_tar_shard(path: str | os.PathLike) -> ShardIndex:
+    """Read every header of a shard (not the data) and return its :class:`ShardIndex`.
+
+    Raises:
+        ShardError: on a truncated or corrupt shard, a misnamed member or a repeated key.
+        FileNotFoundError: if the file does not exist.
+    """
+    path = Path(path)
+    with open(path, "rb") as f:
+        stat = os.fstat(f.fileno())
+        keys, offsets, seen, current, exts = [], [], set(), None, set()
+        for start, name, _ in _members(f, path, 0, None, stat.st_size, with_data=False):
+            key, ext = _split_name(name, path, start)
+            if key != current:
+                if key in seen:
+                    raise ShardError(path, start, f"key {key!r} appears in two separate groups")
+                seen.add(key)
+                keys.append(key)
+                offsets.append(start)
+                current, exts = key, set()
+            if ext in exts:
+                raise ShardError(path, start, f"member {name!r} appears twice")
+            exts.add(ext)
+        end = f.tell() - _BLOCK
+    return ShardIndex(path, tuple(keys), tuple(offsets), end, stat.st_size, stat.st_mtime_ns)
+
+
+def read_tar_samples(index: ShardIndex, start: int = 0, stop: int | None = None) -> Iterator[dict]:
+    """Yield samples ``start..stop-1`` of an indexed shard as ``{"__key__": key, ext: bytes}``.
+
+    Raises:
+        ShardError: if the shard is corrupt or changed since it was indexed.
+    """
+    stop = len(index) if stop is None else stop
+    if not 0 <= start <= stop <= len(index):
+        raise ValueError(f"need 0 <= start <= stop <= {len(index)}, got {start}, {stop}")
+    if start == stop:
+        return
+    with open(index.path, "rb") as f:
+        stat = os.fstat(f.fileno())
+        if (stat.st_size, stat.st_mtime_ns) != (index.size, index.mtime_ns):
+            raise ShardError(index.path, 0, "shard changed since it was indexed; index it again")
+        end = index.offsets[stop] if stop < len(index) else index.end
+        i, sample = start, None
+        for offset, name, data in _members(f, index.path, index.offsets[start], end, stat.st_size,
+                                           with_data=True):
+            key, ext = _split_name(name, index.path, offset)
+            if sample is None or key != sample["__key__"]:
+                if sample is not None:
+                    yield sample
+                    i += 1
+                if offset != index.offsets[i] or key != index.keys[i]:
+                    raise ShardError(index.path, offset, "shard does not match its index")
+                sample = {"__key__": key}
+            sample[ext] = data
+        if sample is not None:
+            yield sample
+
+
+# --------------------------------------------------------------------------------------- dataset
+def _even_range(n: int, part: int, parts: int) -> tuple[int, int]:
+    """The ``part``-th of ``parts`` contiguous, near-equal ranges of ``range(n)``."""
+    return part * n // parts, (part + 1) * n // parts
+
+
+class TarShardDataset(IterableDataset):
+    """Iterate tar shards so that each sample is yielded exactly once per epoch across all
+    DataLoader workers and all ranks (see the module docstring for the split).
+
+    Args:
+        shards: a path or a sequence of paths of tar shards (read in the given order).
+        shuffle_buffer: 0 for the fixed order; > 0 shuffles the shard order by ``(seed, epoch)``
+            and the samples of each consumer through a buffer of this many samples.
+        seed: shuffling seed; must be the same on every rank.
+        rank, world_size: this process's place; both None means ``torch.distributed``'s values
+            when it is initialized, else a single process.
+        transform: optional callable applied to each sample dict (e.g. decoding), in the worker.
+    Raises:
+        ValueError/TypeError: on bad arguments. ShardError: on a corrupt shard (at construction,
+            when every header is checked, or while reading).
+    Note:
+        ``set_epoch`` changes the order of loaders created afterwards; DataLoader workers that
+        persist (``persistent_workers=True``) keep the epoch they started with.
+    """
+
+    def __init__(self, shards: str | os.PathLike | Sequence[str | os.PathLike], *,
+                 shuffle_buffer: int = 0, seed: int = 0, rank: int | None = None,
+                 world_size: int | None = None,
+                 transform: Callable[[dict], object] | None = None):
+        super().__init__()
+        if isinstance(shards, (str, os.PathLike)):
+            shards = [shards]
+        shards = [Path(s) for s in shards]
+        if not shards:
+            raise ValueError("shards is empty: pass at least one tar shard")
+        if not isinstance(shuffle_buffer, int) or shuffle_buffer < 0:
+            raise ValueError(f"shuffle_buffer must be an int >= 0, got {shuffle_buffer!r}")
+        if (rank is None) != (world_size is None):
+            raise ValueError("pass both rank and world_size, or neither")
+        if world_size is not None and not (isinstance(world_size, int) and world_size >= 1
+                                           and isinstance(rank, int) and 0 <= rank < world_size):
+            raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
+        if transform is not None and not callable(transform):
+            raise TypeError("transform must be callable or None")
+        self.indexes = tuple(index_tar_shard(p) for p in shards)
+        self.shuffle_buffer, self.seed, self.transform = shuffle_buffer, seed, transform
+        self._rank, self._world_size, self.epoch = rank, world_size, 0
+
+    @property
+    def num_samples(self) -> int:
+        """Samples in all shards together (one epoch over all ranks and workers)."""
+        return sum(len(ix) for ix in self.indexes)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use ``epoch`` to seed the shuffle of the next iteration (same value on every rank)."""
+        if not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
+        self.epoch = epoch
+
+    def _rank_and_world(self) -> tuple[int, int]:
+        if self._world_size is not None:
+            return self._rank, self._world_size
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            return torch.distributed.get_rank(), torch.distributed.get_world_size()
+        return 0, 1
+
+    def plan(self, rank: int, world_size: int, worker: int = 0,
+             num_workers: int = 1) -> list[tuple[int, int, int]]:
+        """The pieces ``(shard number, first sample, end sample)`` one consumer reads this epoch."""
+        order = list(range(len(self.indexes)))
+        if self.shuffle_buffer:
+            random.Random(f"shards:{self.seed}:{self.epoch}").shuffle(order)
+        lo, hi = _even_range(self.num_samples, rank, world_size)
+        wlo, whi = _even_range(hi - lo, worker, num_workers)
+        lo, hi = lo + wlo, lo + whi
+        pieces, base = [], 0
+        for shard in order:
+            n = len(self.indexes[shard])
+            start, stop = max(lo, base), min(hi, base + n)
+            if start < stop:
+                pieces.append((shard, start - base, stop - base))
+            base += n
+        return pieces
+
+    def __iter__(self) -> Iterator[object]:
+        rank, world_size = self._rank_and_world()
+        info = get_worker_info()
+        worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        samples = (sample for shard, start, stop in self.plan(rank, world_size, worker, num_workers)
+                   for sample in read_tar_samples(self.indexes[shard], start, stop))
+        if self.shuffle_buffer:
+            rng = random.Random(f"buffer:{self.seed}:{self.epoch}:{rank}:{worker}")
+            samples = _buffer_shuffle(samples, self.shuffle_buffer, rng)
+        for sample in samples:
+            yield sample if self.transform is None else self.transform(sample)
+
+    def __repr__(self) -> str:
+        return (f"TarShardDataset({len(self.indexes)} shards, {self.num_samples} samples, "
+                f"shuffle_buffer={self.shuffle_buffer}, seed={self.seed}, epoch={self.epoch})")
+
+
+def _buffer_shuffle(items: Iterator, size: int, rng: random.Random) -> Iterator:
+    """Shuffle a stream through a buffer of ``size`` items (the WebDataset/TF approach)."""
+    buffer = []
+    for item in items:
+        if len(buffer) < size:
+            buffer.append(item)
+            continue
+        j = rng.randrange(size)
+        buffer[j], item = item, buffer[j]
+        yield item
+    rng.shuffle(buffer)
+    yield from buffer

@@ -5,6 +5,9 @@ Checkpointing: same gradients, and the bound on saved activations. For a stack o
 input and each block's output). ``checkpoint_sequential`` with s segments keeps the s - 1 checkpointed
 segments' inputs plus the last segment, which it runs without checkpointing (n/s outputs and its
 input): s + n/s activations. With s = sqrt(n) that is 2 sqrt(n), against n + 1 (Chen et al. 2016).
+
+Gradient accumulation: over a whole step of k micro-batches, the most saved bytes alive at once
+(``peak_saved_bytes``) is exactly 1/k of the full batch step's, although the total saved is the same.
 """
 
 import math
@@ -104,12 +107,45 @@ def test_gradient_accumulation_is_not_exact_with_batchnorm():
     assert (first - full[0]).norm() / full[0].norm() > 1e-3  # per-micro-batch statistics differ
 
 
-def test_micro_batch_saves_a_fraction_of_the_full_batch():
-    model = stack(4)
-    x = torch.randn(4 * BATCH, WIDTH)
-    full = measure_memory(lambda: model(x), device="cpu").saved_bytes
-    micro = measure_memory(lambda: model(x[:BATCH].clone()), device="cpu").saved_bytes
-    assert micro * 4 == full
+@pytest.mark.parametrize("k", [2, 4])
+def test_accumulation_step_peak_is_one_kth_of_the_full_batch_step(k):
+    """The whole step, forward and backward: k micro-batches keep 1/k of the full batch alive at once."""
+    depth = 4
+    model = stack(depth)
+    x = torch.randn(k * BATCH, WIDTH)
+
+    def full_step():
+        model.zero_grad(set_to_none=True)
+        model(x).pow(2).mean().backward()
+
+    def accumulated_step():
+        model.zero_grad(set_to_none=True)
+        for xb in x.chunk(k):
+            xb = xb.clone()  # own storage, as a data loader hands it over (a view would keep all of x)
+            (model(xb).pow(2).mean() / k).backward()  # frees this micro-batch's saved tensors
+
+    full = measure_memory(full_step, device="cpu")
+    accumulated = measure_memory(accumulated_step, device="cpu")
+    # Each pass saves the input and every ReLU output (pow saves the last one again: same storage).
+    assert full.peak_saved_bytes == full.saved_bytes == (depth + 1) * k * ACTIVATION
+    assert accumulated.peak_saved_bytes == (depth + 1) * ACTIVATION  # exactly 1/k
+    assert accumulated.peak_saved_bytes * k == full.peak_saved_bytes
+    # Added up over the call, the k micro-batches save as much as the full batch: not the peak.
+    assert accumulated.saved_bytes == full.saved_bytes
+
+
+def test_micro_batches_sliced_as_views_keep_the_whole_input_alive():
+    """Why the notebook copies each micro-batch: a saved view counts (and keeps) its whole storage."""
+    k, depth = 4, 4
+    model = stack(depth)
+    x = torch.randn(k * BATCH, WIDTH)
+
+    def accumulated_views():
+        for xb in x.chunk(k):
+            (model(xb).pow(2).mean() / k).backward()
+
+    peak = measure_memory(accumulated_views, device="cpu").peak_saved_bytes
+    assert peak == k * ACTIVATION + depth * ACTIVATION  # the whole x, plus one micro-batch's ReLU outputs
 
 
 def test_inplace_relu_saves_the_same_bytes_after_linear():

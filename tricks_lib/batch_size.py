@@ -9,7 +9,7 @@ means depends on the device:
   every probe the step's tensors are released and the caching allocator is emptied, so a failed
   probe does not leave memory behind for the next one.
 - On the CPU (or MPS), against a stated budget: a step fits when the bytes it saves for backward
-  (``tricks_lib.memory.measure_memory``, exact on any device) stay within ``budget_bytes``. Activation
+  (at most alive at once, ``tricks_lib.memory.measure_memory``, exact on any device) stay within ``budget_bytes``. Activation
   memory is what grows with the batch; parameters, gradients and optimizer state do not, so give
   the budget that is left once those are paid for.
 
@@ -124,7 +124,7 @@ def _probe_saved(make_step: Callable[[int], Callable[[], object]], batch: int, b
     step = make_step(batch)
     if not callable(step):
         raise TypeError(f"make_step({batch}) must return a zero-argument callable, got {type(step).__name__}")
-    used = measure_memory(step, label=f"batch {batch}", device=device).saved_bytes
+    used = measure_memory(step, label=f"batch {batch}", device=device).peak_saved_bytes  # at most alive at once: right for multi-pass steps too
     return BatchProbe(batch_size=batch, fits=used <= budget, used_bytes=used)
 
 

@@ -55,6 +55,17 @@ def test_parameters_and_their_views_are_excluded():
     assert report.saved_bytes == 4 * 16 * 4
 
 
+def test_autocast_weight_copies_are_not_activations():
+    model = linear_relu_chain(2)
+    x = torch.randn(64, 1024)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        report = measure_memory(lambda: model(x), device="cpu")
+    # bf16 copies of the input and of both ReLU outputs: 2 bytes each. The bf16 weight copies that
+    # the second Linear saves are parameters in another dtype, not activations.
+    assert report.saved_bytes == 3 * 64 * 1024 * 2
+    assert report.saved_tensors == 3
+
+
 def test_views_of_one_storage_count_once():
     x = torch.randn(100, requires_grad=True)
 

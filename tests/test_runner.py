@@ -61,10 +61,32 @@ def test_failure_names_notebook_and_cell(notebooks, tmp_path, capsys):
                  "--no-progress"])
     assert code == 1
     err = capsys.readouterr().err
-    assert "FAILED: 20_fails.ipynb, cell 2" in err and "boom" in err
+    assert "FAILED: 20_fails.ipynb, cell 3 of 4 (code cell 2: `raise RuntimeError('boom')`)" in err
+    assert "RuntimeError: boom" in err and "\x1b[" not in err
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert summary["notebooks"][0]["failed_cell"].startswith("cell 3 of 4")
     # a failed notebook is never written back in place
     assert all(c.get("outputs", []) == [] for c in nbformat.read(notebooks / "20_fails.ipynb", 4).cells
                if c.cell_type == "code")
+
+
+def test_cell_timeout_is_enforced(tmp_path):
+    folder = tmp_path / "nbs"
+    folder.mkdir()
+    write_nb(folder / "30_slow.ipynb", "import time\ntime.sleep(60)")
+    runs = run_notebooks(find_notebooks(folder), tmp_path / "out", quick=True, timeout=2, progress=False)
+    assert not runs[0].ok and "Timeout" in runs[0].error
+    assert runs[0].seconds < 45
+
+
+def test_unreadable_notebook_is_reported_not_fatal(tmp_path):
+    folder = tmp_path / "nbs"
+    folder.mkdir()
+    (folder / "40_broken.ipynb").write_text("{not json")
+    write_nb(folder / "50_fine.ipynb", "1 + 1")
+    runs = run_notebooks(find_notebooks(folder), tmp_path / "out", quick=True, progress=False)
+    assert [(r.name, r.ok) for r in runs] == [("40_broken", False), ("50_fine", True)]
+    assert "cannot be read" in runs[0].error
 
 
 def test_hygiene_flags_errors_and_local_paths(tmp_path):

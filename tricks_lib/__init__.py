@@ -7,8 +7,10 @@ Import what you need; importing changes no seed, flag or plot style.
 
 from tricks_lib.batch_size import BatchProbe, BatchSearch, largest_batch
 from tricks_lib.bench import Comparison, ComparisonRow, Measurement, compare, format_seconds, measure, time_first_call
+from tricks_lib.ddp import DDPResult, launch_ddp
 from tricks_lib.env import EnvInfo, describe, is_colab, pick_device, quick_mode, size_for_mode
 from tricks_lib.memory import MemoryReport, StateBytes, format_bytes, measure_memory, model_state_bytes
+from tricks_lib.models import MLP, ResNet, SmallCNN, count_parameters, drop_conv_bias_before_bn
 from tricks_lib.plot import metric_vs_size, speedup_bars
 from tricks_lib.repro import (
     DeterminismFlags,
@@ -23,6 +25,15 @@ from tricks_lib.repro import (
     seed_worker,
 )
 from tricks_lib.results import Record, load_records, record
+from tricks_lib.training import (
+    TrainStep,
+    TrainStepConfig,
+    evaluate_accuracy,
+    linear_scaled_lr,
+    linear_warmup,
+    make_train_step,
+    warmup_factor,
+)
 
 __version__ = "0.1.0"
 
@@ -31,25 +42,38 @@ __all__ = [
     "BatchSearch",
     "Comparison",
     "ComparisonRow",
+    "DDPResult",
     "DeterminismFlags",
     "EnvInfo",
+    "MLP",
     "Measurement",
     "MemoryReport",
     "Record",
+    "ResNet",
     "RngState",
+    "SmallCNN",
     "StateBytes",
+    "TrainStep",
+    "TrainStepConfig",
     "capture_rng_state",
     "compare",
+    "count_parameters",
     "describe",
     "determinism_flags",
     "deterministic",
+    "drop_conv_bias_before_bn",
+    "evaluate_accuracy",
     "fingerprint",
     "format_bytes",
     "format_seconds",
     "is_colab",
     "largest_batch",
+    "launch_ddp",
+    "linear_scaled_lr",
+    "linear_warmup",
     "load_records",
     "make_generator",
+    "make_train_step",
     "measure",
     "measure_memory",
     "metric_vs_size",
@@ -63,4 +87,5 @@ __all__ = [
     "size_for_mode",
     "speedup_bars",
     "time_first_call",
+    "warmup_factor",
 ]

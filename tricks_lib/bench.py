@@ -51,6 +51,8 @@ NOISE_THRESHOLD = 0.10
 DEFAULT_MIN_EFFECT = 0.03
 # Two-sided confidence level of the paired test behind "significant".
 CONFIDENCE = 0.99
+# The fewest paired rounds whose order-statistic interval for the median reaches CONFIDENCE.
+MIN_ROUNDS_FOR_VERDICT = 8
 
 
 def format_seconds(seconds: float) -> str:
@@ -133,6 +135,11 @@ class Measurement:
         }
 
 
+def _finite_or_none(x: float) -> float | None:
+    """JSON has no NaN or infinity: such values are written as null."""
+    return x if math.isfinite(x) else None
+
+
 @dataclass(frozen=True)
 class ComparisonRow:
     """One variant of a comparison, read against the baseline."""
@@ -159,8 +166,8 @@ class ComparisonRow:
     def to_dict(self) -> dict:
         out = {"variant": self.name, **self.measurement.to_dict()}
         out.update(
-            speedup=self.speedup,
-            speedup_ci=[self.ci_low, self.ci_high],
+            speedup=_finite_or_none(self.speedup),
+            speedup_ci=[_finite_or_none(self.ci_low), _finite_or_none(self.ci_high)],
             significant=self.significant,
             verdict=self.verdict,
         )
@@ -220,8 +227,8 @@ class Comparison:
     def _caption(self) -> str:
         return (
             f"{self.label}: {self.rounds} interleaved rounds on {self.device}, {self.num_threads} threads; "
-            f"'significant' = {CONFIDENCE:.0%} paired interval excludes 1x and the effect is at least "
-            f"{self.min_effect:.0%}"
+            f"'significant' = the {CONFIDENCE:.0%} paired interval of the speedup lies at least "
+            f"{self.min_effect:.0%} away from 1x"
         )
 
     def to_markdown(self) -> str:
@@ -444,15 +451,17 @@ def compare(
 
     Each round runs one block of every variant in order (A B C A B C ...), so slow drift of a
     shared machine (other jobs, thermal limits) hits all variants alike. A variant is "significant"
-    when the 99% distribution-free interval of its paired per-round speedup excludes 1 and the
-    speedup is at least ``min_effect`` away from 1; otherwise it is "not significant", never a speedup.
+    when the whole 99% distribution-free interval of its paired per-round speedup lies at least
+    ``min_effect`` away from 1x (and the ratio of medians agrees); otherwise it is "not
+    significant", never a speedup.
 
     Args:
         variants: name -> zero-argument callable; each must do the same work (check that first).
         baseline: the name of the reference variant.
         items: things processed per call, one count for all or a dict name -> count.
         min_run_time: seconds of timed calls per variant at least (default 0.05 quick, 0.5 full).
-        min_rounds / max_rounds: bounds on the number of rounds.
+        min_rounds / max_rounds: bounds on the number of rounds (at least 8: fewer cannot give a
+            99% interval).
         device: whose queue is synchronized around each block (default ``pick_device()``).
         warmup: untimed calls of each variant before timing.
         number: calls per block for every variant; default: calibrated per variant so a block
@@ -485,6 +494,11 @@ def compare(
         _check_positive(items, "items", integer=True)
     _check_positive(min_run_time, "min_run_time")
     _check_positive(min_rounds, "min_rounds", allow_none=False, integer=True)
+    if min_rounds < MIN_ROUNDS_FOR_VERDICT:
+        raise ValueError(
+            f"min_rounds must be at least {MIN_ROUNDS_FOR_VERDICT}: fewer rounds cannot give a "
+            f"{CONFIDENCE:.0%} interval, so no difference could ever be called significant"
+        )
     _check_positive(max_rounds, "max_rounds", allow_none=False, integer=True)
     if max_rounds < min_rounds:
         raise ValueError(f"max_rounds ({max_rounds}) must be at least min_rounds ({min_rounds})")
@@ -539,11 +553,12 @@ def compare(
         logs = [math.log(b / v) for b, v in zip(block_times[baseline], block_times[name]) if b > 0 and v > 0]
         interval = _median_interval(logs, CONFIDENCE) if name != baseline else None
         lo, hi = (math.exp(interval[0]), math.exp(interval[1])) if interval else (math.nan, math.nan)
-        significant = (
-            interval is not None
-            and (lo > 1.0 or hi < 1.0)
-            and abs(speedup - 1.0) >= min_effect
-            and (speedup > 1.0) == (lo > 1.0)
+        # The whole interval must clear the minimum effect, not just exclude 1x: a steady bias of a
+        # percent or two (which variant runs first in a round, cache placement) is consistent enough
+        # to exclude 1x, yet it is not a speedup. The ratio of medians must agree in direction.
+        faster, slower = 1.0 + min_effect, 1.0 / (1.0 + min_effect)
+        significant = interval is not None and (
+            (lo >= faster and speedup >= faster) or (hi <= slower and speedup <= slower)
         )
         if name == baseline:
             lo = hi = 1.0

@@ -38,8 +38,9 @@ class MemoryReport:
     """Memory used by one call of a function.
 
     ``saved_bytes`` counts the tensors autograd saved for backward during the call, once per storage,
-    leaving out parameters and views of them (a Linear saves its weight transposed: that is not
-    activation memory). ``peak_saved_bytes`` is the most of those alive at one time: the same for a
+    leaving out parameters, views of them and casts of them (a Linear saves its weight transposed,
+    and under autocast a low-precision copy of it: neither grows with the batch, neither is
+    activation memory; a frozen parameter's cast has no autograd history and is counted). ``peak_saved_bytes`` is the most of those alive at one time: the same for a
     single forward pass, smaller when the call frees saved tensors and saves new ones (several
     forward/backward passes, as in gradient accumulation). A saved view counts its whole storage.
     The CUDA fields are None on other devices.
@@ -86,9 +87,28 @@ class MemoryReport:
         }
 
 
-def _is_parameter_or_view(t: torch.Tensor) -> bool:
+# Autograd nodes that only re-express a tensor (a cast, a transpose, a reshape): a chain of them that
+# ends at a parameter means the saved tensor is that parameter in another form, not an activation.
+_REEXPRESSING_NODES = frozenset(
+    {"ToCopyBackward0", "TBackward0", "TransposeBackward0", "ViewBackward0", "ReshapeAliasBackward0",
+     "PermuteBackward0", "ExpandBackward0", "UnsqueezeBackward0", "SqueezeBackward0", "AliasBackward0"}
+)
+
+
+def _is_parameter_or_copy(t: torch.Tensor) -> bool:
+    """A parameter, a view of one, or a re-expression of one (autocast's low-precision weight copies)."""
     base = t._base if t._base is not None else t
-    return isinstance(t, torch.nn.Parameter) or isinstance(base, torch.nn.Parameter)
+    if isinstance(t, torch.nn.Parameter) or isinstance(base, torch.nn.Parameter):
+        return True
+    node = base.grad_fn
+    while node is not None and type(node).__name__ in _REEXPRESSING_NODES:
+        parents = [fn for fn, _ in node.next_functions if fn is not None]
+        if len(parents) != 1:
+            return False
+        node = parents[0]
+        if type(node).__name__ == "AccumulateGrad":
+            return isinstance(node.variable, torch.nn.Parameter)
+    return False
 
 
 def _storage_key_and_bytes(t: torch.Tensor) -> tuple[tuple, int]:
@@ -116,7 +136,9 @@ def measure_memory(
     Returns:
         A ``MemoryReport``. ``saved_bytes`` is exact on every device. Tensors saved inside a
         ``torch.utils.checkpoint`` region are not saved (that is the point) and are not counted;
-        the region's inputs are.
+        the region's inputs are. Saved-tensor hooks registered inside ``fn`` (checkpointing,
+        ``torch.autograd.graph.save_on_cpu``) take precedence over this one: what they handle
+        is not seen here.
 
     Raises:
         TypeError: ``fn`` is not callable.
@@ -139,7 +161,7 @@ def measure_memory(
         live["bytes"] -= nbytes
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        if not _is_parameter_or_view(t):
+        if not _is_parameter_or_copy(t):
             key, nbytes = _storage_key_and_bytes(t)
             ref = seen.get(key, False)
             if ref is False or (ref is not None and ref() is None):

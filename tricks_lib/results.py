@@ -95,7 +95,7 @@ def record(
     if target:
         # One line per record, appended and flushed at once, so a crash later in the notebook keeps it.
         with open(target, "a", encoding="utf-8") as f:
-            f.write(json.dumps(rec.to_dict()) + "\n")
+            f.write(json.dumps(rec.to_dict(), allow_nan=False) + "\n")
     return rec
 
 

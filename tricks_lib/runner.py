@@ -50,13 +50,17 @@ class NotebookRun:
     name: str
     ok: bool
     seconds: float
-    failed_cell: int | None = None  # index among all cells of the notebook
+    failed_cell: int | None = None  # 0-based index among all cells of the notebook
     error: str | None = None
+    failed_cell_label: str | None = None  # the failed cell as a reader finds it
     problems: list[str] = field(default_factory=list)  # hygiene problems that blocked a refresh
 
+    @property
+    def failure_location(self) -> str:
+        return self.failed_cell_label or "before any cell ran"
+
     def describe_failure(self) -> str:
-        where = f"cell {self.failed_cell}" if self.failed_cell is not None else "before any cell ran"
-        return f"{self.name}.ipynb, {where}: {self.error}"
+        return f"{self.name}.ipynb, {self.failure_location}: {self.error}"
 
 
 def find_notebooks(notebook_dir: Path, only: Sequence[str] | None = None) -> list[Path]:
@@ -81,10 +85,11 @@ def find_notebooks(notebook_dir: Path, only: Sequence[str] | None = None) -> lis
 
 def local_path_pattern() -> re.Pattern:
     """Paths that must never appear in stored outputs: this checkout, home, temp, the interpreter."""
-    roots = {str(Path.cwd().resolve().parent), str(Path.home()), tempfile.gettempdir(), "/tmp", sys.prefix}
+    roots = {str(Path.cwd().resolve().parent), str(Path.home()), tempfile.gettempdir(), "/tmp", sys.prefix,
+             sys.base_prefix}
     roots = {r.rstrip("/") for r in roots if r and r != "/"}
     alternatives = "|".join(re.escape(r) + "/" for r in sorted(roots, key=len, reverse=True))
-    return re.compile(f"({alternatives}|/home/|/root/)")
+    return re.compile(f"({alternatives}|/home/|/root/|/Users/)")
 
 
 def _output_texts(output: dict) -> list[str]:
@@ -119,17 +124,26 @@ def hygiene_problems(nb) -> list[str]:
     return problems
 
 
-def _execute(path: Path, timeout: int, on_cell: Callable[[], None]) -> tuple[object, int | None, str | None]:
-    """Run one notebook; returns (executed notebook, failed cell index or None, error text or None)."""
-    from jupyter_client.manager import KernelManager
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def _last_line(text: str) -> str:
+    lines = [ln for ln in _ANSI.sub("", text).strip().splitlines() if ln.strip()]
+    return lines[-1].strip() if lines else "failed"
+
+
+def _execute(nb, folder: Path, timeout: int, on_cell: Callable[[], None]) -> tuple[int | None, str | None]:
+    """Run one notebook in place; returns (failed cell index or None, error text or None)."""
+    from jupyter_client.manager import AsyncKernelManager
+    from jupyter_core.utils import run_sync
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
-    nb = nbformat.read(path, as_version=4)
-    failed: dict[str, int] = {}
+    state: dict[str, int] = {}
     # IPC sockets in a private folder: no TCP ports to collide on a shared machine, no network at all.
     ipc_dir = tempfile.mkdtemp(prefix="tricks-kernel-")
-    km = KernelManager(
+    # The async manager: with the blocking one, nbclient cannot enforce the per-cell timeout.
+    km = AsyncKernelManager(
         kernel_name=CURRENT_ENV_KERNEL,
         kernel_spec_manager=_CurrentEnvKernelSpecs(),
         transport="ipc",
@@ -141,24 +155,34 @@ def _execute(path: Path, timeout: int, on_cell: Callable[[], None]) -> tuple[obj
         timeout=timeout,
         kernel_name=CURRENT_ENV_KERNEL,
         record_timing=False,
-        resources={"metadata": {"path": str(path.parent)}},
+        resources={"metadata": {"path": str(folder)}},
+        on_cell_start=lambda cell, cell_index: state.__setitem__("running", cell_index),
         on_cell_executed=lambda cell, cell_index, execute_reply: on_cell(),
-        on_cell_error=lambda cell, cell_index, execute_reply: failed.setdefault("index", cell_index),
-        on_cell_start=lambda cell, cell_index: failed.__setitem__("running", cell_index),
     )
     try:
         client.execute()
     except CellExecutionError as err:
-        lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
-        return nb, failed.get("index", failed.get("running")), lines[-1] if lines else "cell failed"
+        return state.get("running"), _last_line(str(err))
     except (CellTimeoutError, DeadKernelError) as err:
-        return nb, failed.get("running"), f"{type(err).__name__}: {str(err).strip().splitlines()[0]}"
+        return state.get("running"), f"{type(err).__name__}: {_last_line(str(err))}"
+    except Exception as err:  # the kernel did not start, or died oddly: report it, go on with the rest
+        return state.get("running"), f"{type(err).__name__}: {_last_line(str(err))}"
     finally:
         # We own the kernel manager, so nbclient leaves the kernel running: stop it here.
         if km.has_kernel:
-            km.shutdown_kernel(now=True)
+            run_sync(km.shutdown_kernel)(now=True)
         shutil.rmtree(ipc_dir, ignore_errors=True)
-    return nb, None, None
+    return None, None
+
+
+def _cell_label(nb, index: int | None) -> str | None:
+    """'cell 5 of 24 (code cell 3: `first line`)' for a 0-based cell index, as a reader counts."""
+    if index is None:
+        return None
+    cell = nb.cells[index]
+    code_number = sum(c.cell_type == "code" for c in nb.cells[: index + 1])
+    first = next((ln.strip() for ln in cell.source.splitlines() if ln.strip()), "")
+    return f"cell {index + 1} of {len(nb.cells)} (code cell {code_number}: `{first[:60]}`)"
 
 
 def run_notebooks(
@@ -189,12 +213,18 @@ def run_notebooks(
         os.environ[RESULTS_ENV_VAR] = str(records_path.resolve())
         for path in paths:
             os.environ[NOTEBOOK_ENV_VAR] = path.stem
-            n_code = sum(c.cell_type == "code" for c in nbformat.read(path, as_version=4).cells)
-            bar = tqdm(total=n_code, desc=path.stem, unit="cell", disable=not progress, leave=True)
             start = time.perf_counter()
-            nb, failed_cell, error = _execute(path, timeout, lambda: bar.update(1))
+            try:
+                nb = nbformat.read(path, as_version=4)
+            except Exception as err:  # not a notebook (corrupt JSON, wrong schema): name it, go on
+                runs.append(NotebookRun(path.stem, False, 0.0, None, f"cannot be read: {_last_line(str(err))}"))
+                continue
+            n_code = sum(c.cell_type == "code" for c in nb.cells)
+            bar = tqdm(total=n_code, desc=path.stem, unit="cell", disable=not progress, leave=True)
+            failed_cell, error = _execute(nb, path.parent, timeout, lambda: bar.update(1))
             bar.close()
-            run = NotebookRun(path.stem, error is None, time.perf_counter() - start, failed_cell, error)
+            run = NotebookRun(path.stem, error is None, time.perf_counter() - start, failed_cell, error,
+                              failed_cell_label=_cell_label(nb, failed_cell))
             nbformat.write(nb, executed_dir / path.name)
             if run.ok and refresh:
                 run.problems = hygiene_problems(nb)
@@ -211,6 +241,10 @@ def run_notebooks(
             else:
                 os.environ[key] = value
     return runs
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
 
 
 def _fmt_time(seconds: float | None) -> str:
@@ -253,14 +287,14 @@ def write_summary(out_dir: Path, runs: Sequence[NotebookRun], *, quick: bool) ->
         "machine_summary": env.summary(),
         "mode": "quick" if quick else "full",
         "notebooks": [
-            {"notebook": r.name, "ok": r.ok, "seconds": round(r.seconds, 2), "failed_cell": r.failed_cell,
+            {"notebook": r.name, "ok": r.ok, "seconds": round(r.seconds, 2), "failed_cell": r.failed_cell_label,
              "error": r.error}
             for r in runs
         ],
         "measurements": rows,
     }
     json_path = out_dir / "summary.json"
-    json_path.write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
+    json_path.write_text(json.dumps(summary, indent=2, default=str, allow_nan=False) + "\n", encoding="utf-8")
 
     lines = [
         "# PyTorch Tricks: measured on this machine",
@@ -270,7 +304,10 @@ def write_summary(out_dir: Path, runs: Sequence[NotebookRun], *, quick: bool) ->
         "| notebook | status | run time |",
         "|---|---|---|",
     ]
-    lines += [f"| {r.name} | {'ok' if r.ok else 'FAILED: ' + (r.error or '')} | {r.seconds:.1f} s |" for r in runs]
+    lines += [
+        f"| {r.name} | {'ok' if r.ok else _md_cell(f'FAILED at {r.failure_location}: {r.error}')} | {r.seconds:.1f} s |"
+        for r in runs
+    ]
     lines += [
         "",
         "| notebook | trick | variant | median | IQR | speedup | verdict | saved for backward | peak allocated | device |",

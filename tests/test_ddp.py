@@ -1,0 +1,59 @@
+"""Tests for tricks_lib.ddp: a real 2-process gloo run launched with torchrun through sys.executable."""
+
+import pytest
+import torch
+
+from tricks_lib.bench import Measurement
+from tricks_lib.ddp import DDPResult, free_port, launch_ddp
+
+
+@pytest.fixture(scope="module")
+def ddp_accumulating() -> DDPResult:
+    # Gradient accumulation covers both paths: no_sync() micro-batches and the synchronizing last one.
+    return launch_ddp(
+        nproc=2, backend="gloo", steps=3, warmup_steps=1, batch_size=8, accumulation_steps=2,
+        width=4, image_size=16, timeout=120,
+    )  # fmt: skip
+
+
+def test_two_gloo_ranks_end_with_identical_parameters(ddp_accumulating):
+    r = ddp_accumulating
+    assert (r.world_size, r.backend, r.device, r.accumulation_steps) == (2, "gloo", "cpu", 2)
+    # The ranks start from different seeds and see different data: equality is DDP's doing.
+    assert r.params_identical and r.max_param_difference == 0.0
+    assert r.num_parameters > 0 and len(r.step_times) == 3
+    assert r.samples_per_second > 0 and r.final_loss > 0
+
+
+def test_result_converts_to_a_measurement(ddp_accumulating):
+    m = ddp_accumulating.as_measurement()
+    assert isinstance(m, Measurement)
+    assert m.times == ddp_accumulating.step_times and m.items == 2 * 8
+    assert "identical" in repr(ddp_accumulating)
+
+
+def test_a_run_past_its_timeout_is_stopped():
+    with pytest.raises(TimeoutError):
+        launch_ddp(nproc=2, backend="gloo", steps=1000, batch_size=8, width=4, image_size=16, timeout=0.5)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="this machine has GPUs for nccl")
+def test_nccl_without_gpus_is_refused():
+    with pytest.raises(ValueError, match="GPUs"):
+        launch_ddp(nproc=2, backend="nccl")
+
+
+@pytest.mark.parametrize("kwargs", [dict(nproc=0), dict(batch_size=2, accumulation_steps=4), dict(backend="mpi")])
+def test_bad_arguments_are_refused_before_launching(kwargs):
+    with pytest.raises(ValueError):
+        launch_ddp(**kwargs)
+
+
+def test_free_port_is_a_valid_port():
+    assert 1024 <= free_port() <= 65535
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs for nccl")
+def test_two_nccl_ranks_end_with_identical_parameters():
+    r = launch_ddp(nproc=2, backend="nccl", steps=3, batch_size=8, width=4, image_size=16, timeout=180)
+    assert (r.backend, r.device) == ("nccl", "cuda") and r.params_identical

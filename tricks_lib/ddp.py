@@ -1,0 +1,326 @@
+"""DistributedDataParallel training: a torchrun entry point and a launcher usable from a notebook.
+
+Under torchrun each process runs ``main()``: it joins the process group (``gloo`` on CPU, ``nccl``
+on GPUs), builds a ``SmallCNN`` from a *different* seed per rank (so identical final parameters
+prove that DDP's initial broadcast and gradient all-reduce work), trains it on its own synthetic data
+shard with ``TrainStep`` (gradient accumulation runs the first micro-batches in ``no_sync()``), then
+gathers every rank's parameters on rank 0. Rank 0 writes a JSON file; nothing is parsed from prints.
+
+    python -m torch.distributed.run --nproc-per-node 2 -m tricks_lib.ddp --out result.json
+
+``launch_ddp(...)`` runs exactly that through the caller's interpreter (``sys.executable``) on a free
+localhost port, with a timeout, and returns a ``DDPResult``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from tricks_lib.bench import Measurement
+
+__all__ = ["DDPResult", "main", "launch_ddp", "free_port"]
+
+_PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # the folder that holds tricks_lib/
+
+
+@dataclass(frozen=True)
+class DDPResult:
+    """What rank 0 reports after a DDP run.
+
+    Attributes:
+        world_size: number of processes.
+        backend: "gloo" or "nccl".
+        device: "cpu" or "cuda".
+        batch_size: samples per rank per optimizer step (split into ``accumulation_steps``).
+        accumulation_steps: micro-batches per optimizer step (all but the last in ``no_sync()``).
+        steps: timed optimizer steps (after ``warmup_steps`` untimed ones).
+        step_times: seconds of each timed step on rank 0 (each ends in a device sync).
+        samples_per_second: global throughput, ``world_size * batch_size * steps / sum(step_times)``.
+        final_loss: last step's loss averaged over ranks.
+        num_parameters: scalar parameters of the model.
+        params_identical: every rank ended with bit-identical parameters.
+        max_param_difference: largest absolute difference to rank 0 over all ranks and parameters.
+        threads_per_process: torch intra-op threads of each rank.
+    """
+
+    world_size: int
+    backend: str
+    device: str
+    batch_size: int
+    accumulation_steps: int
+    steps: int
+    step_times: tuple[float, ...]
+    samples_per_second: float
+    final_loss: float
+    num_parameters: int
+    params_identical: bool
+    max_param_difference: float
+    threads_per_process: int
+
+    @property
+    def seconds(self) -> float:
+        """Total timed seconds."""
+        return float(sum(self.step_times))
+
+    def as_measurement(self, label: str | None = None) -> Measurement:
+        """The timed steps as a ``tricks_lib.bench.Measurement`` (one block per step; items = global samples)."""
+        return Measurement(
+            label=label or f"DDP {self.world_size}x{self.backend}",
+            times=self.step_times,
+            number_per_block=1,
+            device=self.device,
+            num_threads=self.threads_per_process,
+            items=self.world_size * self.batch_size,
+        )
+
+    def __repr__(self) -> str:
+        same = "identical" if self.params_identical else f"DIFFERENT (max |diff| {self.max_param_difference:.3g})"
+        return (
+            f"DDPResult({self.world_size} x {self.backend}/{self.device}, batch {self.batch_size}/rank, "
+            f"accumulate {self.accumulation_steps}, {self.steps} steps, {self.samples_per_second:,.0f} samples/s, "
+            f"parameters {same} on all ranks)"
+        )
+
+    def _repr_html_(self) -> str:
+        rows = "".join(
+            f"<tr><th style='text-align:left'>{k}</th><td>{v}</td></tr>"
+            for k, v in [
+                ("processes", f"{self.world_size} ({self.backend}, {self.device})"),
+                ("threads per process", self.threads_per_process),
+                ("batch per rank", self.batch_size),
+                ("accumulation steps", self.accumulation_steps),
+                ("timed steps", self.steps),
+                ("throughput", f"{self.samples_per_second:,.0f} samples/s"),
+                ("final loss", f"{self.final_loss:.4f}"),
+                ("parameters", f"{self.num_parameters:,}"),
+                ("identical on all ranks", self.params_identical),
+                ("max |difference| to rank 0", f"{self.max_param_difference:.3g}"),
+            ]
+        )
+        return f"<table>{rows}</table>"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m tricks_lib.ddp", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="JSON file rank 0 writes the result to")
+    p.add_argument("--backend", default=None, help="gloo or nccl (default: nccl with CUDA, else gloo)")
+    p.add_argument("--steps", type=int, default=20, help="timed optimizer steps")
+    p.add_argument("--warmup-steps", type=int, default=2, help="untimed steps first")
+    p.add_argument("--batch-size", type=int, default=32, help="samples per rank per optimizer step")
+    p.add_argument("--accumulation-steps", type=int, default=1, help="micro-batches per optimizer step")
+    p.add_argument("--width", type=int, default=16, help="SmallCNN width")
+    p.add_argument("--image-size", type=int, default=32, help="height and width of the synthetic images")
+    p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
+    p.add_argument("--seed", type=int, default=0, help="base seed; rank r uses seed + r")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point for one torchrun process (reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_* from the env)."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from tricks_lib.models import SmallCNN
+    from tricks_lib.training import make_train_step
+
+    args = _parse_args(argv)
+    backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    dist.init_process_group(backend)
+    try:
+        rank, world = dist.get_rank(), dist.get_world_size()
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        if backend == "nccl":
+            torch.cuda.set_device(local_rank)
+            device = torch.device("cuda", local_rank)
+        else:
+            device = torch.device("cpu")
+
+        # Different initial weights per rank: DDP must broadcast rank 0's at construction.
+        torch.manual_seed(args.seed + rank)
+        model = SmallCNN(10, width=args.width).to(device)
+        ddp_model = DistributedDataParallel(model, device_ids=[local_rank] if device.type == "cuda" else None)
+        optimizer = torch.optim.SGD(ddp_model.parameters(), lr=args.lr, momentum=0.9)
+        step = make_train_step(ddp_model, optimizer, device=device, accumulation_steps=args.accumulation_steps)
+
+        # Each rank its own data shard (different seed), as a DistributedSampler would give it.
+        gen = torch.Generator().manual_seed(10_000 + args.seed + rank)
+        n_batches = 4
+        shape = (n_batches, args.batch_size, 3, args.image_size, args.image_size)
+        images = torch.randn(shape, generator=gen).to(device)
+        labels = torch.randint(0, 10, (n_batches, args.batch_size), generator=gen).to(device)
+
+        def sync() -> None:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+
+        for i in range(args.warmup_steps):
+            step(images[i % n_batches], labels[i % n_batches])
+        sync()
+        dist.barrier()
+        times, loss = [], torch.zeros((), device=device)
+        for i in range(args.steps):
+            t0 = time.perf_counter()
+            loss = step(images[i % n_batches], labels[i % n_batches])
+            sync()
+            times.append(time.perf_counter() - t0)
+
+        dist.all_reduce(loss)  # sum over ranks
+        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])  # (num_parameters,)
+        gathered = [torch.empty_like(flat) for _ in range(world)]
+        dist.all_gather(gathered, flat)
+        if rank == 0:
+            max_diff = max(float((g - flat).abs().max()) for g in gathered)
+            result = DDPResult(
+                world_size=world,
+                backend=backend,
+                device=device.type,
+                batch_size=args.batch_size,
+                accumulation_steps=args.accumulation_steps,
+                steps=args.steps,
+                step_times=tuple(times),
+                samples_per_second=world * args.batch_size * args.steps / max(sum(times), 1e-12),
+                final_loss=float(loss) / world,
+                num_parameters=flat.numel(),
+                params_identical=all(torch.equal(g, flat) for g in gathered),
+                max_param_difference=max_diff,
+                threads_per_process=torch.get_num_threads(),
+            )
+            tmp = Path(args.out).with_suffix(".tmp")
+            tmp.write_text(json.dumps(asdict(result)))
+            os.replace(tmp, args.out)  # atomic: a reader never sees half a file
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def launch_ddp(
+    *,
+    nproc: int = 2,
+    backend: str | None = None,
+    steps: int = 20,
+    warmup_steps: int = 2,
+    batch_size: int = 32,
+    accumulation_steps: int = 1,
+    width: int = 16,
+    image_size: int = 32,
+    seed: int = 0,
+    threads_per_process: int | None = None,
+    timeout: float = 180.0,
+) -> DDPResult:
+    """Run ``main`` in ``nproc`` processes with torchrun (``sys.executable -m torch.distributed.run``).
+
+    Args:
+        nproc: processes (ranks). With NCCL, at most the number of visible GPUs.
+        backend: "gloo" or "nccl"; default nccl when CUDA has at least ``nproc`` GPUs, else gloo.
+        steps, warmup_steps, batch_size, accumulation_steps, width, image_size, seed: passed to ``main``.
+        threads_per_process: OMP_NUM_THREADS of each process; default the CPU cores available to
+            this process divided by ``nproc`` (at least 1), so ranks do not oversubscribe the cores.
+        timeout: seconds before the whole process group is terminated.
+
+    Returns:
+        The ``DDPResult`` rank 0 wrote.
+
+    Raises:
+        ValueError: for bad arguments (e.g. nccl without enough GPUs).
+        TimeoutError: if the run exceeds ``timeout``.
+        RuntimeError: if torchrun fails; the message ends with the tail of its output.
+    """
+    for name, value, low in [
+        ("nproc", nproc, 1),
+        ("steps", steps, 1),
+        ("warmup_steps", warmup_steps, 0),
+        ("batch_size", batch_size, 1),
+        ("accumulation_steps", accumulation_steps, 1),
+        ("width", width, 1),
+        ("image_size", image_size, 8),
+    ]:
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    if batch_size < accumulation_steps:
+        raise ValueError(f"batch_size ({batch_size}) must be >= accumulation_steps ({accumulation_steps})")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if backend is None:
+        backend = "nccl" if gpus >= nproc and torch.distributed.is_nccl_available() else "gloo"
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+    if backend == "nccl" and gpus < nproc:
+        raise ValueError(f"nccl with {nproc} processes needs {nproc} GPUs, found {gpus}; use backend='gloo'")
+    if threads_per_process is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        threads_per_process = max(1, cores // nproc)
+
+    env = os.environ.copy()
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_PACKAGE_ROOT), env.get("PYTHONPATH", "")]))
+    env["OMP_NUM_THREADS"] = str(threads_per_process)
+    if backend == "gloo":
+        env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU run must not touch (or initialize) a GPU
+    with tempfile.TemporaryDirectory(prefix="tricks_ddp_") as tmp:
+        out = Path(tmp) / "result.json"
+        cmd = [
+            sys.executable, "-m", "torch.distributed.run",
+            f"--nproc-per-node={nproc}", "--nnodes=1",
+            "--master-addr=127.0.0.1", f"--master-port={free_port()}",
+            "-m", "tricks_lib.ddp",
+            f"--out={out}", f"--backend={backend}", f"--steps={steps}", f"--warmup-steps={warmup_steps}",
+            f"--batch-size={batch_size}", f"--accumulation-steps={accumulation_steps}",
+            f"--width={width}", f"--image-size={image_size}", f"--seed={seed}",
+        ]  # fmt: skip
+        # A new session, so a timeout can stop torchrun *and* its workers (one process group).
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
+        try:
+            output, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _stop_group(proc)
+            msg = f"DDP run exceeded {timeout:.0f} s and was stopped; raise timeout or lower steps"
+            raise TimeoutError(msg) from None
+        if proc.returncode != 0 or not out.exists():
+            tail = output[-3000:].replace(tmp, "<tmp>")
+            raise RuntimeError(f"torchrun exited with code {proc.returncode}; output tail:\n{tail}")
+        data = json.loads(out.read_text())
+    data["step_times"] = tuple(data["step_times"])
+    return DDPResult(**data)
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """Terminate the process group led by ``proc`` (torchrun and its workers), then kill what is left."""
+    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.communicate(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+if __name__ == "__main__":
+    main()
+    # The result file is written and the process group destroyed. Skip interpreter teardown: with
+    # gloo, C++ worker threads can still be joinable when static objects are destroyed, which aborts
+    # a finished run now and then ("terminate called without an active exception", SIGABRT).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

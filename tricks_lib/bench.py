@@ -220,7 +220,7 @@ class Comparison:
                 mem = r.memory
                 cells.append(format_bytes(mem.saved_bytes) if mem else "-")
                 peak = mem.peak_allocated_bytes if mem else None
-                cells.append(format_bytes(peak) if peak is not None else "n/a (CPU)")
+                cells.append(format_bytes(peak) if peak is not None else f"n/a ({self.device})")
             body.append(cells)
         return header, body
 

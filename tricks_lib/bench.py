@@ -218,7 +218,10 @@ class Comparison:
                 from tricks_lib.memory import format_bytes
 
                 mem = r.memory
-                cells.append(format_bytes(mem.saved_bytes) if mem else "-")
+                saved = format_bytes(mem.saved_bytes) if mem else "-"
+                if mem and mem.peak_saved_bytes != mem.saved_bytes:
+                    saved += f" (at most {format_bytes(mem.peak_saved_bytes)} at once)"
+                cells.append(saved)
                 peak = mem.peak_allocated_bytes if mem else None
                 cells.append(format_bytes(peak) if peak is not None else f"n/a ({self.device})")
             body.append(cells)

@@ -267,7 +267,9 @@ def _summary_rows(records: Sequence[Record]) -> list[dict]:
                     "iqr_s": row.get("iqr_s"),
                     "speedup": row.get("speedup"),
                     "verdict": row.get("verdict"),
+                    "items_per_second": row.get("items_per_second"),
                     "saved_bytes": memory.get("saved_bytes"),
+                    "peak_saved_bytes": memory.get("peak_saved_bytes"),
                     "peak_allocated_bytes": memory.get("peak_allocated_bytes"),
                     "device": rec.device,
                 }
@@ -310,15 +312,20 @@ def write_summary(out_dir: Path, runs: Sequence[NotebookRun], *, quick: bool) ->
     ]
     lines += [
         "",
-        "| notebook | trick | variant | median | IQR | speedup | verdict | saved for backward | peak allocated | device |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| notebook | trick | variant | median | IQR | items/s | speedup | verdict | saved for backward "
+        "(at most at once) | peak allocated | device |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         speedup = f"{r['speedup']:.2f}x" if isinstance(r["speedup"], (int, float)) else "-"
+        rate = f"{r['items_per_second']:,.0f}" if isinstance(r["items_per_second"], (int, float)) else "-"
+        saved = format_bytes(r["saved_bytes"])
+        if r["peak_saved_bytes"] is not None and r["peak_saved_bytes"] != r["saved_bytes"]:
+            saved += f" ({format_bytes(r['peak_saved_bytes'])})"
         lines.append(
-            f"| {r['notebook']} | {r['trick']} | {r['variant']} | {_fmt_time(r['median_s'])} | "
-            f"{_fmt_time(r['iqr_s'])} | {speedup} | {r['verdict'] or '-'} | {format_bytes(r['saved_bytes'])} | "
-            f"{format_bytes(r['peak_allocated_bytes'])} | {r['device']} |"
+            f"| {_md_cell(r['notebook'])} | {_md_cell(r['trick'])} | {_md_cell(str(r['variant']))} | "
+            f"{_fmt_time(r['median_s'])} | {_fmt_time(r['iqr_s'])} | {rate} | {speedup} | {r['verdict'] or '-'} | "
+            f"{saved} | {format_bytes(r['peak_allocated_bytes'])} | {r['device']} |"
         )
     md_path = out_dir / "summary.md"
     md_path.write_text("\n".join(lines) + "\n", encoding="utf-8")

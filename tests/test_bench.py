@@ -133,11 +133,14 @@ def test_comparison_renders_table_markdown_and_plot():
         c["missing"]
 
 
-def test_compare_items_per_variant():
-    c = compare({"a": busy(0.0005), "b": busy(0.0005)}, baseline="a", items={"a": 10, "b": 20},
-                min_rounds=10, min_run_time=0.02, device="cpu")
-    assert c["b"].measurement.items == 20
-    assert "items/s" in c.to_markdown()
+def test_compare_items_per_variant_compares_throughput():
+    # b takes twice as long per call but does four times the items: twice the throughput.
+    c = compare({"a": busy(0.0005), "b": busy(0.001)}, baseline="a", items={"a": 10, "b": 40},
+                min_rounds=15, min_run_time=0.04, device="cpu")
+    assert c["b"].measurement.items == 40 and c.per_item
+    assert c["b"].speedup == pytest.approx(2.0, rel=0.15)
+    assert c["b"].verdict.endswith("x faster")
+    assert "items/s" in c.to_markdown() and "per item" in c.to_markdown()
 
 
 def test_compare_with_memory_column():

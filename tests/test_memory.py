@@ -109,6 +109,38 @@ def test_model_state_bytes_with_momentum():
     assert after.total == 3 * 440
 
 
+def test_forward_only_graph_is_freed_after_the_call():
+    import gc
+    import weakref
+
+    model = linear_relu_chain(2, width=64)
+    x = torch.randn(8, 64)
+    kept = {}
+    measure_memory(lambda: kept.update(y=model(x)), device="cpu")
+    ref = weakref.ref(kept.pop("y"))
+    gc.collect()
+    assert ref() is None  # no reference cycle through the saved-tensor hooks
+
+
+def test_gradients_unchanged_and_inplace_check_kept():
+    model = linear_relu_chain(2, width=32)
+    x = torch.randn(4, 32)
+    model(x).sum().backward()
+    expected = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    measure_memory(lambda: model(x).sum().backward(), device="cpu")
+    assert all(torch.equal(e, p.grad) for e, p in zip(expected, model.parameters()))
+    a = torch.randn(4, requires_grad=True)
+
+    def corrupting():
+        y = a.sigmoid()  # sigmoid saves its output
+        y.mul_(2)  # ...which this overwrites
+        y.sum().backward()
+
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        measure_memory(corrupting, device="cpu")
+
+
 def test_errors_and_format():
     with pytest.raises(TypeError, match="callable"):
         measure_memory("model")

@@ -7,6 +7,7 @@ Import what you need; importing changes no seed, flag or plot style.
 
 from tricks_lib.batch_size import BatchProbe, BatchSearch, largest_batch
 from tricks_lib.bench import Comparison, ComparisonRow, Measurement, compare, format_seconds, measure, time_first_call
+from tricks_lib.compiling import CompileCost, compile_cost, fresh_compile_cache
 from tricks_lib.ddp import DDPResult, launch_ddp
 from tricks_lib.env import EnvInfo, describe, is_colab, pick_device, quick_mode, size_for_mode
 from tricks_lib.memory import MemoryReport, StateBytes, format_bytes, measure_memory, model_state_bytes
@@ -42,6 +43,7 @@ __all__ = [
     "BatchSearch",
     "Comparison",
     "ComparisonRow",
+    "CompileCost",
     "DDPResult",
     "DeterminismFlags",
     "EnvInfo",
@@ -57,6 +59,7 @@ __all__ = [
     "TrainStepConfig",
     "capture_rng_state",
     "compare",
+    "compile_cost",
     "count_parameters",
     "describe",
     "determinism_flags",
@@ -66,6 +69,7 @@ __all__ = [
     "fingerprint",
     "format_bytes",
     "format_seconds",
+    "fresh_compile_cache",
     "is_colab",
     "largest_batch",
     "launch_ddp",

@@ -146,7 +146,7 @@ class ComparisonRow:
 
     name: str
     measurement: Measurement
-    speedup: float  # baseline median / this median: > 1 means faster than the baseline
+    speedup: float  # baseline time / this time (per item when items differ): > 1 means faster
     ci_low: float  # confidence interval of the paired per-round speedup
     ci_high: float
     significant: bool
@@ -187,6 +187,7 @@ class Comparison:
     device: str
     num_threads: int
     min_effect: float
+    per_item: bool = False  # speedups compare time per item (variants process different counts)
 
     def __getitem__(self, name: str) -> ComparisonRow:
         for row in self.rows:
@@ -232,6 +233,7 @@ class Comparison:
             f"{self.label}: {self.rounds} interleaved rounds on {self.device}, {self.num_threads} threads; "
             f"'significant' = the {CONFIDENCE:.0%} paired interval of the speedup lies at least "
             f"{self.min_effect:.0%} away from 1x"
+            + ("; speedup per item, since the variants process different numbers of items" if self.per_item else "")
         )
 
     def to_markdown(self) -> str:
@@ -441,7 +443,7 @@ def compare(
     baseline: str,
     items: int | Mapping[str, int] | None = None,
     min_run_time: float | None = None,
-    min_rounds: int = 10,
+    min_rounds: int = 15,
     max_rounds: int = 1000,
     device: str | torch.device | None = None,
     warmup: int = 1,
@@ -461,7 +463,8 @@ def compare(
     Args:
         variants: name -> zero-argument callable; each must do the same work (check that first).
         baseline: the name of the reference variant.
-        items: things processed per call, one count for all or a dict name -> count.
+        items: things processed per call, one count for all or a dict name -> count. With a count
+            for every variant, speedups compare time per item (throughput), not time per call.
         min_run_time: seconds of timed calls per variant at least (default 0.05 quick, 0.5 full).
         min_rounds / max_rounds: bounds on the number of rounds (at least 8: fewer cannot give a
             99% interval).
@@ -547,13 +550,22 @@ def compare(
         )
         for name in names
     }
+    # Variants that process different numbers of items (batch sizes) are compared per item, i.e. by
+    # throughput; otherwise per call.
+    per_item = isinstance(items, Mapping) and all(name in items for name in names)
+    scale = {name: (items[name] if per_item else 1) for name in names}
     base = measurements[baseline]
+    base_time = base.median / scale[baseline]
     rows = []
     for name in names:
         m = measurements[name]
-        speedup = base.median / m.median if m.median > 0 else math.inf
+        speedup = base_time / (m.median / scale[name]) if m.median > 0 else math.inf
         # Paired per-round log speedups: both blocks of a round saw the same machine state.
-        logs = [math.log(b / v) for b, v in zip(block_times[baseline], block_times[name]) if b > 0 and v > 0]
+        logs = [
+            math.log((b / scale[baseline]) / (v / scale[name]))
+            for b, v in zip(block_times[baseline], block_times[name])
+            if b > 0 and v > 0
+        ]
         interval = _median_interval(logs, CONFIDENCE) if name != baseline else None
         lo, hi = (math.exp(interval[0]), math.exp(interval[1])) if interval else (math.nan, math.nan)
         # The whole interval must clear the minimum effect, not just exclude 1x: a steady bias of a
@@ -585,5 +597,6 @@ def compare(
         device=str(dev),
         num_threads=threads,
         min_effect=float(min_effect),
+        per_item=per_item,
     )
 

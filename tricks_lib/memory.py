@@ -174,9 +174,20 @@ def measure_memory(
                     storage = t.untyped_storage()
                     seen[key] = weakref.ref(storage)
                     finalizers.append(weakref.finalize(storage, release, nbytes))
-        return t
+        # Detached: returning the tensor itself would make a reference cycle through autograd's C++
+        # graph that the garbage collector cannot break (the graph would never be freed).
+        # The version is kept because autograd skips its own in-place check for hooked tensors.
+        return t.detach(), t._version
 
-    def unpack(t: torch.Tensor) -> torch.Tensor:
+    def unpack(packed: tuple[torch.Tensor, int]) -> torch.Tensor:
+        t, version = packed
+        if t._version != version:
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been modified by an inplace "
+                f"operation: a {tuple(t.shape)} {t.dtype} tensor is at version {t._version}; expected version "
+                f"{version} instead (checked by tricks_lib.memory.measure_memory, which replaces autograd's own "
+                "check while it counts)"
+            )
         return t
 
     cuda = dev.type == "cuda"

@@ -192,3 +192,63 @@ def test_frozen_backbone_saves_only_the_head_and_gets_no_gradients():
     model(x).sum().backward()
     state = model_state_bytes(model)
     assert state.gradients == (WIDTH * WIDTH + WIDTH) * 4  # the head's weight and bias only
+
+
+# --- deleting and rebinding; autocast's saved bytes per sample -----------------------------------
+
+
+def _loop(model: nn.Module, *, backward: bool, use_del: bool, iterations: int = 3) -> None:
+    g = torch.Generator().manual_seed(0)
+    for _ in range(iterations):
+        x = torch.randn(BATCH, WIDTH, generator=g)  # created inside the loop, as a loader hands it over
+        out = model(x)
+        loss = out.pow(2).mean()
+        if backward:
+            loss.backward()
+        if use_del:
+            del out, loss
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_rebinding_without_backward_keeps_two_graphs_and_del_keeps_one(backward):
+    model = stack(3)
+    one = measure_memory(lambda: _loop(model, backward=False, use_del=False, iterations=1)).saved_bytes
+    rebinding = measure_memory(lambda: _loop(model, backward=backward, use_del=False))
+    deleting = measure_memory(lambda: _loop(model, backward=backward, use_del=True))
+    assert deleting.peak_saved_bytes == one
+    # Without backward the previous iteration's graph is alive during the next forward. Backward frees
+    # it, but `out` (the last ReLU's output, which that ReLU saved) stays alive until it is rebound.
+    assert rebinding.peak_saved_bytes == (2 * one if not backward else one + ACTIVATION)
+    assert rebinding.saved_bytes == deleting.saved_bytes == 3 * one  # del changes lifetimes, not totals
+
+
+def test_autocast_saves_16_bit_activations_plus_the_input_copy_and_the_float_output():
+    depth = 4
+    model = stack(depth)
+
+    def saved(batch, dtype):
+        x = torch.randn(batch, WIDTH)
+
+        def forward():
+            with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
+                model(x).float().pow(2).mean()
+
+        return measure_memory(forward).saved_bytes
+
+    plain = saved(2, None) - saved(1, None)
+    amp = saved(2, torch.bfloat16) - saved(1, torch.bfloat16)
+    assert plain == (depth + 1) * 4 * WIDTH  # the input and each ReLU output, float32
+    assert amp == ((depth + 1) * 2 + 4) * WIDTH  # bf16 input copy + bf16 ReLU outputs + float32 output
+
+
+def test_batchnorm_under_cpu_autocast_saves_16_bit_tensors():
+    # The notebook no longer claims BatchNorm stays in fp32 under CPU autocast: it does not.
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU())
+    x = torch.randn(4, 3, 8, 8)
+
+    def step(enabled):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled):
+            model(x).float().sum()
+
+    ratio = measure_memory(lambda: step(False)).saved_bytes / measure_memory(lambda: step(True)).saved_bytes
+    assert ratio > 1.9

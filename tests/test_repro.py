@@ -357,3 +357,56 @@ def test_resume_equals_uninterrupted_run_and_needs_the_rng_state():
     uninterrupted = fingerprint(model)
     assert _resumed_fingerprint(restore_rng=True) == uninterrupted
     assert _resumed_fingerprint(restore_rng=False) != uninterrupted
+
+
+# --- review fixes: unordered inputs, NumPy scalars, checkpoints mapped to another device/dtype ---
+
+
+def test_fingerprint_rejects_unordered_collections():
+    x = torch.zeros(2)
+    for unordered in ({x}, frozenset({x}), {"a": x}.keys(), {"a": x}.items()):
+        with pytest.raises(TypeError, match="no stable order"):
+            fingerprint(unordered)
+    with pytest.raises(TypeError, match="no stable order"):
+        fingerprint({"a": {1, 2}})  # nested too
+    assert fingerprint({"a": x}.values()) == fingerprint([x])  # values() keeps insertion order: allowed
+
+
+def test_fingerprint_accepts_numpy_scalars_as_python_numbers():
+    assert fingerprint({"step": np.int64(3)}) == fingerprint({"step": 3})
+    assert fingerprint({"lr": np.float64(0.5)}) == fingerprint({"lr": 0.5})
+    assert fingerprint({"lr": np.float32(0.5)}) != fingerprint({"lr": 0.25})
+    assert fingerprint({"ok": np.bool_(True)}) == fingerprint({"ok": True})
+
+
+def _converted_rng_dict(state, convert):
+    data = state.to_dict()
+    data["torch_cpu"] = convert(data["torch_cpu"])
+    data["cuda"] = [convert(s) for s in data["cuda"]]
+    data["generators"] = [convert(s) for s in data["generators"]]
+    return data
+
+
+def test_rng_state_from_dict_restores_states_loaded_in_another_dtype():
+    # Stands in for map_location / a conversion: the states come back as int64, not uint8.
+    gen = make_generator(3)
+    state = capture_rng_state([gen])
+    loaded = RngState.from_dict(_converted_rng_dict(state, lambda t: t.to(torch.int64)))
+    assert loaded.torch_cpu.dtype == torch.uint8 and all(g.dtype == torch.uint8 for g in loaded.generators)
+    expected = (_draws(), torch.rand(2, generator=gen).tolist())
+    restore_rng_state(loaded, [gen])
+    assert (_draws(), torch.rand(2, generator=gen).tolist()) == expected
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA for map_location='cuda'")
+def test_rng_state_restores_from_a_checkpoint_loaded_onto_cuda():
+    gen = make_generator(4)
+    state = capture_rng_state([gen])
+    buffer = io.BytesIO()
+    torch.save({"rng": state.to_dict()}, buffer)
+    buffer.seek(0)
+    loaded = RngState.from_dict(torch.load(buffer, weights_only=True, map_location="cuda")["rng"])
+    assert loaded.torch_cpu.device.type == "cpu"
+    expected = (_draws(), torch.rand(2, generator=gen).tolist())
+    restore_rng_state(loaded, [gen])
+    assert (_draws(), torch.rand(2, generator=gen).tolist()) == expected

@@ -30,6 +30,7 @@ import html
 import os
 import random
 from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 import numpy as np
@@ -313,7 +314,7 @@ class RngState:
             python = (int(py["version"]), tuple(int(v) for v in py["state"].tolist()), py["gauss"])
             numpy_state = (
                 str(npy["algorithm"]),
-                npy["keys"].numpy().astype(np.uint32),
+                npy["keys"].cpu().numpy().astype(np.uint32),
                 int(npy["pos"]),
                 int(npy["has_gauss"]),
                 float(npy["cached_gaussian"]),
@@ -321,12 +322,19 @@ class RngState:
             return cls(
                 python=python,
                 numpy=numpy_state,
-                torch_cpu=data["torch_cpu"].clone(),
-                cuda=tuple(s.clone() for s in data["cuda"]),
-                generators=tuple(s.clone() for s in data["generators"]),
+                # set_rng_state needs CPU uint8 tensors: a checkpoint loaded with map_location="cuda"
+                # (or converted to another dtype) would otherwise fail to restore.
+                torch_cpu=_cpu_bytes(data["torch_cpu"]),
+                cuda=tuple(_cpu_bytes(s) for s in data["cuda"]),
+                generators=tuple(_cpu_bytes(s) for s in data["generators"]),
             )
         except (KeyError, AttributeError, TypeError) as exc:
             raise ValueError(f"not a dict made by RngState.to_dict(): {exc!r}") from exc
+
+
+def _cpu_bytes(state: torch.Tensor) -> torch.Tensor:
+    """A generator state as a fresh CPU uint8 tensor, wherever and in whatever dtype it was loaded."""
+    return state.to("cpu", torch.uint8, copy=True)
 
 
 def _check_generators(generators: Iterable[torch.Generator]) -> tuple[torch.Generator, ...]:
@@ -403,6 +411,10 @@ def restore_rng_state(state: RngState, generators: Iterable[torch.Generator] = (
 # ---------------------------------------------------------------------------------------------
 
 _SCALARS = (bool, int, float, complex, str, bytes, type(None))
+_UNORDERED = (
+    "a set (or a dict's keys()/items() view) has no stable order, so its fingerprint would change from "
+    "run to run; pass a list sorted by a stable key, or the dict itself"
+)
 
 
 def _tensor_bytes(t: torch.Tensor, where: str) -> bytes:
@@ -441,8 +453,12 @@ def _feed(h, obj: object, where: str) -> None:
             _feed(h, value, f"{where}[{i}]")
     elif isinstance(obj, (torch.dtype, torch.device, torch.Size)):
         h.update(f"{type(obj).__name__}|{obj}|".encode())
+    elif isinstance(obj, np.generic) and not isinstance(obj, np.datetime64 | np.timedelta64):
+        _feed(h, obj.item(), where)  # a NumPy scalar hashes like the Python number it holds
     elif isinstance(obj, _SCALARS):
         h.update(f"{type(obj).__name__}|{obj!r}|".encode())  # repr of a float is exact
+    elif isinstance(obj, AbstractSet):
+        raise TypeError(f"{where}: {_UNORDERED}")
     else:
         raise TypeError(
             f"{where}: cannot fingerprint a {type(obj).__name__}; pass tensors, arrays, modules, state "
@@ -455,7 +471,8 @@ def fingerprint(obj: object) -> str:
 
     Accepted: a tensor; an ``nn.Module`` (its ``state_dict()``: parameters and buffers, by name);
     a mapping such as a model's or optimizer's state dict (keys sorted, values hashed recursively:
-    tensors, NumPy arrays, nested dicts/lists, numbers, strings, None); or an iterable of tensors
+    tensors, NumPy arrays, nested dicts/lists, numbers (NumPy scalars hash as the Python number
+    ``.item()`` gives), strings, None); or an iterable of tensors
     such as ``model.parameters()``. Each tensor contributes its dtype, shape and raw bytes (bf16,
     fp8 and complex included), not its device or ``requires_grad``; so a one-ulp change, a -0.0
     for a 0.0, a different dtype or shape, or a renamed key all change the fingerprint.
@@ -465,9 +482,13 @@ def fingerprint(obj: object) -> str:
 
     Raises:
         TypeError: ``obj`` (or something inside it) is of an unsupported type, e.g. a string, a
-            number or an arbitrary object at the top level, or a sparse, quantized or meta tensor.
+            number or an arbitrary object at the top level, or a sparse, quantized or meta tensor;
+            or it is unordered (a set, a frozenset, a dict's ``keys()`` or ``items()`` view), whose
+            iteration order can differ between runs.
     """
     h = hashlib.sha256()
+    if isinstance(obj, AbstractSet):  # set, frozenset, dict.keys(), dict.items(): no stable order
+        raise TypeError(f"fingerprint: {_UNORDERED}")
     if isinstance(obj, (torch.Tensor, np.ndarray, torch.nn.Module, Mapping, list, tuple)):
         _feed(h, obj, "fingerprint")
     elif isinstance(obj, Iterable) and not isinstance(obj, (str, bytes)):

@@ -4,6 +4,7 @@ import os
 
 import numpy as np
 import pytest
+import torch
 from torch.utils.data import DataLoader
 
 from tricks_lib.data.containers import (FolderDataset, Hdf5Dataset, LmdbDataset, PtDataset,
@@ -61,14 +62,70 @@ class Bomb(bytes):
         raise RuntimeError("interrupted")
 
 
-@pytest.mark.parametrize("write", [write_lmdb, write_hdf5, write_tfrecord, write_pt],
+@pytest.mark.parametrize("write", [write_lmdb, write_hdf5, write_tfrecord],
                          ids=lambda w: w.__name__)
 def test_interrupted_write_leaves_nothing(tmp_path, write):
     samples = make(8)
-    samples[5]["jpg"] = Bomb(b"x" * 10)
+    samples[5]["jpg"] = Bomb(b"x" * 10)  # these writers read field bytes while the file is open
     with pytest.raises(RuntimeError, match="interrupted"):
         write(samples, tmp_path / "data.bin")
     assert os.listdir(tmp_path) == []
+
+
+def _save_then_fail(real_save, written, file_arg):
+    """A save that writes the whole file, then fails: the file exists when the error is raised."""
+    def save(*args, **kwargs):
+        real_save(*args, **kwargs)
+        f = args[file_arg]
+        if hasattr(f, "flush"):  # an open file: push its bytes to disk first
+            f.flush()
+        written.append(os.path.getsize(f if isinstance(f, (str, os.PathLike)) else f.name))
+        raise RuntimeError("interrupted")
+    return save
+
+
+@pytest.mark.parametrize("fmt", ["pt", "npy"])
+def test_interrupted_write_inside_the_file_leaves_nothing(tmp_path, monkeypatch, fmt):
+    written = []
+    if fmt == "pt":
+        monkeypatch.setattr(torch, "save", _save_then_fail(torch.save, written, file_arg=1))
+        call = lambda: write_pt(make(8), tmp_path / "data.pt")  # noqa: E731
+    else:
+        monkeypatch.setattr(np, "save", _save_then_fail(np.save, written, file_arg=0))
+        call = lambda: write_npy(np.zeros((4, 4), np.uint8), tmp_path / "data.npy")  # noqa: E731
+    with pytest.raises(RuntimeError, match="interrupted"):
+        call()
+    assert written and written[0] > 0  # the failure really happened with bytes on disk
+    assert os.listdir(tmp_path) == []  # ... yet no file under the final name, no temp file
+
+
+@pytest.mark.parametrize("fmt", sorted(READERS) + ["folder", "tfrecord"])
+def test_empty_field_round_trips(tmp_path, fmt):
+    samples = [{"__key__": f"k{i}", "txt": b"", "cls": str(i).encode()} for i in range(3)]
+    if fmt == "folder":
+        write_image_folder(samples, tmp_path / "f")
+        got = [FolderDataset(tmp_path / "f")[i] for i in range(3)]
+    elif fmt == "tfrecord":
+        got = list(read_tfrecord(write_tfrecord(samples, tmp_path / "d.tfrecord"), ["txt", "cls"]))
+    else:
+        write, Reader = READERS[fmt]
+        ds = Reader(write(samples, tmp_path / f"data.{fmt}"))
+        got = [ds[i] for i in range(3)]
+    assert got == samples
+
+
+WRITERS = [write_lmdb, write_hdf5, write_tfrecord, write_pt, write_image_folder]
+
+
+@pytest.mark.parametrize("write", WRITERS, ids=lambda w: w.__name__)
+@pytest.mark.parametrize("key, message", [("a\nb", "control character"), ("dir/", "empty or '.'"),
+                                          ("a//b", "empty or '.'")])
+def test_writers_reject_keys_they_cannot_read_back(tmp_path, write, key, message):
+    samples = make(2) + [{"__key__": key, "jpg": b"x", "cls": b"1"}]
+    with pytest.raises(ValueError, match=message):
+        write(samples, tmp_path / "out")
+    if write is not write_image_folder:  # the folder writer streams: earlier samples stay written
+        assert not (tmp_path / "out").exists()
 
 
 def test_writers_validate_samples(tmp_path):

@@ -22,7 +22,7 @@ def make(n, payload=b"x"):
 
 def iterate_as(ds, rank, world_size, worker, num_workers, monkeypatch):
     """Run ds.__iter__ as DataLoader worker `worker` of `num_workers` on `rank` (in-process)."""
-    ds._rank, ds._world_size = rank, world_size
+    ds.rank, ds.world_size = rank, world_size
     info = types.SimpleNamespace(id=worker, num_workers=num_workers)
     monkeypatch.setattr(shards_mod, "get_worker_info", lambda: info)
     return [s["__key__"] for s in ds]
@@ -45,15 +45,44 @@ def test_exactly_once_for_any_split(tmp_path_factory, monkeypatch, n, per_shard,
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")
-def test_exactly_once_with_real_dataloader_workers(tmp_path):
-    # 2 shards for 2 ranks x 3 workers = 6 consumers: shards must be split inside.
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+@pytest.mark.parametrize("num_workers", [0, 1, 2, 3])
+def test_exactly_once_with_real_dataloader_workers(tmp_path, num_workers, world_size):
+    # 2 shards for up to 3 ranks x 3 workers = 9 consumers: shards must be split inside.
     paths = write_tar_shards(make(23), tmp_path, samples_per_shard=12)
     keys = []
-    for rank in range(2):
-        ds = TarShardDataset(paths, shuffle_buffer=4, seed=1, rank=rank, world_size=2)
-        loader = DataLoader(ds, batch_size=None, num_workers=3)
+    for rank in range(world_size):
+        ds = TarShardDataset(paths, shuffle_buffer=4, seed=1, rank=rank, world_size=world_size)
+        loader = DataLoader(ds, batch_size=None, num_workers=num_workers)
         keys += [s["__key__"] for s in loader]
     assert collections.Counter(keys) == collections.Counter(f"s{i:04d}" for i in range(23))
+
+
+def test_rank_is_resolved_at_construction_not_in_the_worker(tmp_path, monkeypatch):
+    """Spawned DataLoader workers have no process group: the rank must travel with the dataset."""
+    paths = write_tar_shards(make(9), tmp_path, samples_per_shard=4)
+    dist = shards_mod.torch.distributed
+    monkeypatch.setattr(dist, "is_available", lambda: True)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 1)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 3)
+    ds = TarShardDataset(paths)
+    monkeypatch.undo()  # iterate as a spawned worker would: no process group any more
+    assert not dist.is_initialized()
+    assert (ds.rank, ds.world_size) == (1, 3)
+    assert [s["__key__"] for s in ds] == ["s0003", "s0004", "s0005"]  # rank 1's third, not all 9
+    assert TarShardDataset(paths).world_size == 1  # no process group at construction: one process
+
+
+def test_rewrite_with_fewer_shards_removes_stale_shards(tmp_path):
+    write_tar_shards(make(10), tmp_path, samples_per_shard=2)  # 5 shards
+    (tmp_path / "notes.txt").write_text("keep me")
+    (tmp_path / "other-000007.tar").write_bytes(b"")  # another prefix: not ours to delete
+    paths = write_tar_shards(make(4), tmp_path, samples_per_shard=2)  # 2 shards
+    assert sorted(p.name for p in tmp_path.glob("shard-*.tar")) == [p.name for p in paths]
+    assert len(paths) == 2
+    assert TarShardDataset(sorted(tmp_path.glob("shard-*.tar"))).num_samples == 4
+    assert (tmp_path / "notes.txt").exists() and (tmp_path / "other-000007.tar").exists()
 
 
 def test_shuffle_is_seeded_and_epoch_dependent(tmp_path):
@@ -175,6 +204,11 @@ def test_arguments_are_validated(tmp_path):
         write_tar_shards([{"__key__": "a", "cls": 3}], tmp_path / "e", samples_per_shard=1)
     with pytest.raises(ValueError, match="without '.'"):
         write_tar_shards([{"__key__": "a.b", "cls": b"3"}], tmp_path / "f", samples_per_shard=1)
+    for key in ["dir/", "a//b", "a/./b"]:  # the tar reader cannot split these into <key>.<ext>
+        with pytest.raises(ValueError, match="empty or '.' path part"):
+            write_tar_shards([{"__key__": key, "cls": b"3"}], tmp_path / "g", samples_per_shard=1)
+    with pytest.raises(ValueError, match="control character"):
+        write_tar_shards([{"__key__": "a\nb", "cls": b"3"}], tmp_path / "h", samples_per_shard=1)
     with pytest.raises(ValueError, match="rank"):
         TarShardDataset(paths, rank=2, world_size=2)
     with pytest.raises(ValueError, match="both"):

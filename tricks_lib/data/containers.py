@@ -252,7 +252,9 @@ def write_pt(samples: Iterable[dict], path: str | os.PathLike) -> Path:
     payload = {"keys": [s["__key__"] for s in samples], "fields": {}}
     for f in fields:
         sizes = torch.tensor([0] + [len(s[f]) for s in samples], dtype=torch.int64)
-        data = torch.frombuffer(bytearray(b"".join(bytes(s[f]) for s in samples)), dtype=torch.uint8)
+        joined = bytearray(b"".join(bytes(s[f]) for s in samples))
+        # torch.frombuffer refuses a zero-length buffer: a field that is empty in every sample
+        data = torch.frombuffer(joined, dtype=torch.uint8) if joined else torch.empty(0, dtype=torch.uint8)
         payload["fields"][f] = (data, torch.cumsum(sizes, 0))
     with atomic_path(path) as tmp:
         torch.save(payload, tmp)

@@ -21,8 +21,10 @@ consumers differ by at most one sample. Each consumer reads contiguous byte rang
 
 from __future__ import annotations
 
+import glob
 import os
 import random
+import re
 import tarfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -59,6 +61,11 @@ def write_tar_shards(samples: Iterable[dict], out_dir: str | os.PathLike, *, sam
     leaves only complete shards under final names. Member metadata is fixed (mtime 0, uid 0, mode
     0444): the same samples give the same bytes.
 
+    Rewriting a folder replaces its shards: after all new shards are written, shards of an earlier
+    write named ``<prefix>-NNNNNN.tar`` with a higher number than the last new one are deleted, so
+    ``glob("<prefix>-*.tar")`` finds exactly the new samples. (If a rewrite is interrupted, old
+    shards beyond the new ones remain until a rewrite completes.) Other files are left alone.
+
     Args:
         samples: iterable of dicts ``{"__key__": str, ext: bytes, ...}``; keys unique, without '.'.
         out_dir: directory, created if missing.
@@ -79,6 +86,7 @@ def write_tar_shards(samples: Iterable[dict], out_dir: str | os.PathLike, *, sam
     while True:
         first = next(it, None)
         if first is None:
+            _remove_stale_shards(out, prefix, len(shards))
             return shards
         path = out / f"{prefix}-{len(shards):06d}.tar"
         with atomic_path(path) as tmp, tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
@@ -97,6 +105,15 @@ def write_tar_shards(samples: Iterable[dict], out_dir: str | os.PathLike, *, sam
                 n += 1
                 sample = next(it, None) if n < samples_per_shard else None
         shards.append(path)
+
+
+def _remove_stale_shards(out: Path, prefix: str, count: int) -> None:
+    """Delete ``out/<prefix>-NNNNNN.tar`` numbered ``count`` or higher (left by an earlier write)."""
+    pattern = re.compile(re.escape(prefix) + r"-(\d{6,})\.tar")
+    for path in out.glob(f"{glob.escape(prefix)}-*.tar"):
+        match = pattern.fullmatch(path.name)
+        if match and int(match.group(1)) >= count:
+            path.unlink(missing_ok=True)
 
 
 class _BytesReader:
@@ -287,6 +304,13 @@ def read_tar_samples(index: ShardIndex, start: int = 0, stop: int | None = None)
 
 
 # --------------------------------------------------------------------------------------- dataset
+def _distributed_rank_and_world() -> tuple[int, int]:
+    """``(rank, world_size)`` of the initialized default process group, else ``(0, 1)``."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
 def _even_range(n: int, part: int, parts: int) -> tuple[int, int]:
     """The ``part``-th of ``parts`` contiguous, near-equal ranges of ``range(n)``."""
     return part * n // parts, (part + 1) * n // parts
@@ -302,7 +326,10 @@ class TarShardDataset(IterableDataset):
             and the samples of each consumer through a buffer of this many samples.
         seed: shuffling seed; must be the same on every rank.
         rank, world_size: this process's place; both None means ``torch.distributed``'s values
-            when it is initialized, else a single process.
+            when it is initialized at construction, else a single process. They are resolved here,
+            in the main process, and stored: DataLoader workers started with spawn/forkserver have
+            no process group, so resolving them in ``__iter__`` would make every rank read rank 0's
+            share (duplicated samples). Construct the dataset after ``init_process_group``.
         transform: optional callable applied to each sample dict (e.g. decoding), in the worker.
     Raises:
         ValueError/TypeError: on bad arguments. ShardError: on a corrupt shard (at construction,
@@ -331,9 +358,11 @@ class TarShardDataset(IterableDataset):
             raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
         if transform is not None and not callable(transform):
             raise TypeError("transform must be callable or None")
+        if world_size is None:
+            rank, world_size = _distributed_rank_and_world()
         self.indexes = tuple(index_tar_shard(p) for p in shards)
         self.shuffle_buffer, self.seed, self.transform = shuffle_buffer, seed, transform
-        self._rank, self._world_size, self.epoch = rank, world_size, 0
+        self.rank, self.world_size, self.epoch = rank, world_size, 0
 
     @property
     def num_samples(self) -> int:
@@ -345,13 +374,6 @@ class TarShardDataset(IterableDataset):
         if not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
         self.epoch = epoch
-
-    def _rank_and_world(self) -> tuple[int, int]:
-        if self._world_size is not None:
-            return self._rank, self._world_size
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            return torch.distributed.get_rank(), torch.distributed.get_world_size()
-        return 0, 1
 
     def plan(self, rank: int, world_size: int, worker: int = 0,
              num_workers: int = 1) -> list[tuple[int, int, int]]:
@@ -372,7 +394,7 @@ class TarShardDataset(IterableDataset):
         return pieces
 
     def __iter__(self) -> Iterator[object]:
-        rank, world_size = self._rank_and_world()
+        rank, world_size = self.rank, self.world_size  # resolved at construction, not in the worker
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         samples = (sample for shard, start, stop in self.plan(rank, world_size, worker, num_workers)
@@ -385,7 +407,8 @@ class TarShardDataset(IterableDataset):
 
     def __repr__(self) -> str:
         return (f"TarShardDataset({len(self.indexes)} shards, {self.num_samples} samples, "
-                f"shuffle_buffer={self.shuffle_buffer}, seed={self.seed}, epoch={self.epoch})")
+                f"rank={self.rank}/{self.world_size}, shuffle_buffer={self.shuffle_buffer}, "
+                f"seed={self.seed}, epoch={self.epoch})")
 
 
 def _buffer_shuffle(items: Iterator, size: int, rng: random.Random) -> Iterator:

@@ -57,3 +57,20 @@ def test_free_port_is_a_valid_port():
 def test_two_nccl_ranks_end_with_identical_parameters():
     r = launch_ddp(nproc=2, backend="nccl", steps=3, batch_size=8, width=4, image_size=16, timeout=180)
     assert (r.backend, r.device) == ("nccl", "cuda") and r.params_identical
+
+
+def test_no_sync_skips_the_allreduce_of_all_but_the_last_micro_batch(ddp_accumulating):
+    # A comm hook counts DDP's all-reduces: one per bucket on each synchronizing backward. Without
+    # no_sync() every micro-batch would all-reduce (accumulation_steps times as many calls).
+    r = ddp_accumulating
+    assert r.buckets >= 1 and r.backward_passes == r.steps * r.accumulation_steps
+    assert r.allreduce_calls == r.steps * r.buckets
+    assert r.allreduce_calls < r.backward_passes * r.buckets
+    assert r.allreduces_per_step == r.buckets
+
+
+def test_step_times_are_summarized_by_median_and_iqr(ddp_accumulating):
+    r = ddp_accumulating
+    assert min(r.step_times) <= r.median_step_seconds <= max(r.step_times)
+    assert 0 <= r.iqr_step_seconds <= max(r.step_times) - min(r.step_times)
+    assert r.samples_per_second == pytest.approx(r.world_size * r.batch_size / r.median_step_seconds)

@@ -4,7 +4,11 @@ Under torchrun each process runs ``main()``: it joins the process group (``gloo`
 on GPUs), builds a ``SmallCNN`` from a *different* seed per rank (so identical final parameters
 prove that DDP's initial broadcast and gradient all-reduce work), trains it on its own synthetic data
 shard with ``TrainStep`` (gradient accumulation runs the first micro-batches in ``no_sync()``), then
-gathers every rank's parameters on rank 0. Rank 0 writes a JSON file; nothing is parsed from prints.
+gathers every rank's parameters on rank 0. A DDP communication hook counts the gradient
+all-reduces, so the result shows that ``no_sync()`` skipped them on all but the last micro-batch.
+Step times are taken like ``tricks_lib.bench.measure`` does: untimed warm-up steps, a device sync
+around every step, and median and IQR of the per-step times. Rank 0 writes a JSON file; nothing is
+parsed from prints.
 
     python -m torch.distributed.run --nproc-per-node 2 -m tricks_lib.ddp --out result.json
 
@@ -26,9 +30,10 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from tricks_lib.bench import Measurement
+from tricks_lib.bench import Measurement, format_seconds
 
 __all__ = ["DDPResult", "main", "launch_ddp", "free_port"]
 
@@ -46,13 +51,19 @@ class DDPResult:
         batch_size: samples per rank per optimizer step (split into ``accumulation_steps``).
         accumulation_steps: micro-batches per optimizer step (all but the last in ``no_sync()``).
         steps: timed optimizer steps (after ``warmup_steps`` untimed ones).
-        step_times: seconds of each timed step on rank 0 (each ends in a device sync).
-        samples_per_second: global throughput, ``world_size * batch_size * steps / sum(step_times)``.
+        warmup_steps: untimed steps before the timed ones.
+        step_times: wall-clock seconds of each timed step on rank 0, from a barrier-aligned start to
+            the end of the step after a device sync (so it includes waiting for the slowest rank).
+        samples_per_second: global throughput from the median step time,
+            ``world_size * batch_size / median_step_seconds``.
         final_loss: last step's loss averaged over ranks.
         num_parameters: scalar parameters of the model.
         params_identical: every rank ended with bit-identical parameters.
         max_param_difference: largest absolute difference to rank 0 over all ranks and parameters.
         threads_per_process: torch intra-op threads of each rank.
+        allreduce_calls: gradient all-reduces (one per DDP bucket) rank 0 launched in the timed steps.
+        buckets: DDP gradient buckets of the model (all-reduces per synchronizing backward).
+        backward_passes: backward passes (micro-batches) rank 0 ran in the timed steps.
     """
 
     world_size: int
@@ -68,11 +79,30 @@ class DDPResult:
     params_identical: bool
     max_param_difference: float
     threads_per_process: int
+    allreduce_calls: int
+    buckets: int
+    backward_passes: int
+    warmup_steps: int = 0
 
     @property
     def seconds(self) -> float:
         """Total timed seconds."""
         return float(sum(self.step_times))
+
+    @property
+    def median_step_seconds(self) -> float:
+        """Median of the per-step times."""
+        return float(np.median(self.step_times))
+
+    @property
+    def iqr_step_seconds(self) -> float:
+        """Interquartile range of the per-step times."""
+        return float(np.percentile(self.step_times, 75) - np.percentile(self.step_times, 25))
+
+    @property
+    def allreduces_per_step(self) -> float:
+        """Gradient all-reduces per optimizer step: ``buckets`` when only the last micro-batch syncs."""
+        return self.allreduce_calls / self.steps
 
     def as_measurement(self, label: str | None = None) -> Measurement:
         """The timed steps as a ``tricks_lib.bench.Measurement`` (one block per step; items = global samples)."""
@@ -89,8 +119,9 @@ class DDPResult:
         same = "identical" if self.params_identical else f"DIFFERENT (max |diff| {self.max_param_difference:.3g})"
         return (
             f"DDPResult({self.world_size} x {self.backend}/{self.device}, batch {self.batch_size}/rank, "
-            f"accumulate {self.accumulation_steps}, {self.steps} steps, {self.samples_per_second:,.0f} samples/s, "
-            f"parameters {same} on all ranks)"
+            f"accumulate {self.accumulation_steps}, {self.steps} steps, step {format_seconds(self.median_step_seconds)} "
+            f"(IQR {format_seconds(self.iqr_step_seconds)}), {self.samples_per_second:,.0f} samples/s, "
+            f"all-reduces per step {self.allreduces_per_step:g}, parameters {same} on all ranks)"
         )
 
     def _repr_html_(self) -> str:
@@ -101,8 +132,11 @@ class DDPResult:
                 ("threads per process", self.threads_per_process),
                 ("batch per rank", self.batch_size),
                 ("accumulation steps", self.accumulation_steps),
-                ("timed steps", self.steps),
-                ("throughput", f"{self.samples_per_second:,.0f} samples/s"),
+                ("timed steps", f"{self.steps} (after {self.warmup_steps} warm-up steps)"),
+                ("median step (IQR)", f"{format_seconds(self.median_step_seconds)} ({format_seconds(self.iqr_step_seconds)})"),
+                ("throughput (from the median step)", f"{self.samples_per_second:,.0f} samples/s"),
+                ("gradient all-reduces", f"{self.allreduce_calls} over {self.backward_passes} backward passes "
+                                         f"({self.buckets} bucket(s) per synchronizing backward)"),
                 ("final loss", f"{self.final_loss:.4f}"),
                 ("parameters", f"{self.num_parameters:,}"),
                 ("identical on all ranks", self.params_identical),
@@ -159,6 +193,16 @@ def main(argv: list[str] | None = None) -> None:
         model = SmallCNN(10, width=args.width).to(device)
         ddp_model = DistributedDataParallel(model, device_ids=[local_rank] if device.type == "cuda" else None)
         optimizer = torch.optim.SGD(ddp_model.parameters(), lr=args.lr, momentum=0.9)
+        # Count the all-reduces: DDP calls the hook once per gradient bucket on every backward that syncs.
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        bucket_ids: list[int] = []
+
+        def counting_allreduce(state, bucket):
+            bucket_ids.append(bucket.index())
+            return allreduce_hook(state, bucket)
+
+        ddp_model.register_comm_hook(None, counting_allreduce)  # state None = the default process group
         step = make_train_step(ddp_model, optimizer, device=device, accumulation_steps=args.accumulation_steps)
 
         # Each rank its own data shard (different seed), as a DistributedSampler would give it.
@@ -175,13 +219,16 @@ def main(argv: list[str] | None = None) -> None:
         for i in range(args.warmup_steps):
             step(images[i % n_batches], labels[i % n_batches])
         sync()
-        dist.barrier()
+        bucket_ids.clear()  # count the timed steps only
         times, loss = [], torch.zeros((), device=device)
         for i in range(args.steps):
+            dist.barrier()  # every rank starts the step together: one step's time, not a drift
             t0 = time.perf_counter()
             loss = step(images[i % n_batches], labels[i % n_batches])
-            sync()
+            sync()  # a CUDA step is done when the device is done
             times.append(time.perf_counter() - t0)
+        allreduce_calls = len(bucket_ids)
+        buckets = len(set(bucket_ids))  # DDP may rebuild its buckets after the first step: count them here
 
         dist.all_reduce(loss)  # sum over ranks
         flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])  # (num_parameters,)
@@ -197,12 +244,16 @@ def main(argv: list[str] | None = None) -> None:
                 accumulation_steps=args.accumulation_steps,
                 steps=args.steps,
                 step_times=tuple(times),
-                samples_per_second=world * args.batch_size * args.steps / max(sum(times), 1e-12),
+                samples_per_second=world * args.batch_size / max(float(np.median(times)), 1e-12),
                 final_loss=float(loss) / world,
                 num_parameters=flat.numel(),
                 params_identical=all(torch.equal(g, flat) for g in gathered),
                 max_param_difference=max_diff,
                 threads_per_process=torch.get_num_threads(),
+                allreduce_calls=allreduce_calls,
+                buckets=buckets,
+                backward_passes=args.steps * args.accumulation_steps,
+                warmup_steps=args.warmup_steps,
             )
             tmp = Path(args.out).with_suffix(".tmp")
             tmp.write_text(json.dumps(asdict(result)))

@@ -67,6 +67,37 @@ class _SampleDataset(Dataset):
         return f"{type(self).__name__}({self.path.name!r}, {len(self)} samples)"
 
 
+class _PerProcessHandleDataset(_SampleDataset):
+    """A reader that keeps one open handle per process: file handles must not cross a fork
+    (DataLoader workers), so the first read in each process opens its own."""
+
+    # Close a handle inherited through fork before opening a new one (LMDB requires it).
+    _close_inherited = False
+
+    def __init__(self, path: str | os.PathLike, transform: Callable[[dict], object] | None):
+        super().__init__(path, transform)
+        self._handle, self._pid = None, None
+
+    def _open(self):
+        raise NotImplementedError
+
+    def _current_handle(self):
+        if self._pid != os.getpid():  # first use in this process (e.g. a DataLoader worker)
+            if self._handle is not None and self._close_inherited:
+                self._handle.close()
+            self._handle, self._pid = self._open(), os.getpid()
+        return self._handle
+
+    def close(self) -> None:
+        """Close this process's handle; the next read reopens it."""
+        if self._handle is not None and self._pid == os.getpid():
+            self._handle.close()
+        self._handle, self._pid = None, None
+
+    def __getstate__(self):
+        return {**self.__dict__, "_handle": None, "_pid": None}
+
+
 class FolderDataset(_SampleDataset):
     """Samples stored as one file per field (``<key>.<ext>``) in a folder, read with ``open``."""
 
@@ -116,7 +147,7 @@ def write_lmdb(samples: Iterable[dict], path: str | os.PathLike) -> Path:
     return path
 
 
-class LmdbDataset(_SampleDataset):
+class LmdbDataset(_PerProcessHandleDataset):
     """Read an LMDB file made by :func:`write_lmdb` (read-only, no lock, opened per process)."""
 
     def __init__(self, path: str | os.PathLike, *, transform: Callable[[dict], object] | None = None):
@@ -126,7 +157,6 @@ class LmdbDataset(_SampleDataset):
             self.keys = txn.get(b"__keys__").decode().split("\n")
             self.fields = tuple(txn.get(b"__fields__").decode().split(","))
         env.close()
-        self._env, self._pid = None, None
 
     def _open(self):
         import lmdb
@@ -137,25 +167,14 @@ class LmdbDataset(_SampleDataset):
     def __len__(self) -> int:
         return len(self.keys)
 
+    _close_inherited = True  # an environment inherited through fork must not be used
+
     def __getitem__(self, i: int) -> object:
-        if self._pid != os.getpid():  # first use in this process (e.g. a DataLoader worker)
-            if self._env is not None:  # inherited through fork: LMDB forbids using it here
-                self._env.close()
-            self._env, self._pid = self._open(), os.getpid()
         key = self.keys[i]
-        with self._env.begin(buffers=False) as txn:
+        with self._current_handle().begin(buffers=False) as txn:
             sample = {"__key__": key}
             sample.update({f: txn.get(f"{key}.{f}".encode()) for f in self.fields})
         return self._out(sample)
-
-    def close(self) -> None:
-        """Close this process's handle (unmapping the file); the next read reopens it."""
-        if self._env is not None and self._pid == os.getpid():
-            self._env.close()
-        self._env, self._pid = None, None
-
-    def __getstate__(self):
-        return {**self.__dict__, "_env": None, "_pid": None}
 
 
 def write_hdf5(samples: Iterable[dict], path: str | os.PathLike) -> Path:
@@ -175,7 +194,7 @@ def write_hdf5(samples: Iterable[dict], path: str | os.PathLike) -> Path:
     return path
 
 
-class Hdf5Dataset(_SampleDataset):
+class Hdf5Dataset(_PerProcessHandleDataset):
     """Read an HDF5 file made by :func:`write_hdf5` (file opened per process)."""
 
     def __init__(self, path: str | os.PathLike, *, transform: Callable[[dict], object] | None = None):
@@ -185,28 +204,20 @@ class Hdf5Dataset(_SampleDataset):
         with h5py.File(self.path, "r") as h5:
             self.keys = [k.decode() for k in h5["keys"][()]]
             self.fields = tuple(k for k in h5 if k != "keys")
-        self._h5, self._pid = None, None
 
     def __len__(self) -> int:
         return len(self.keys)
 
-    def __getitem__(self, i: int) -> object:
+    def _open(self):
         import h5py
 
-        if self._pid != os.getpid():  # an HDF5 handle must not be shared across fork
-            self._h5, self._pid = h5py.File(self.path, "r"), os.getpid()
+        return h5py.File(self.path, "r")
+
+    def __getitem__(self, i: int) -> object:
+        h5 = self._current_handle()
         sample = {"__key__": self.keys[i]}
-        sample.update({f: self._h5[f][i].tobytes() for f in self.fields})
+        sample.update({f: h5[f][i].tobytes() for f in self.fields})
         return self._out(sample)
-
-    def close(self) -> None:
-        """Close this process's file handle; the next read reopens it."""
-        if self._h5 is not None and self._pid == os.getpid():
-            self._h5.close()
-        self._h5, self._pid = None, None
-
-    def __getstate__(self):
-        return {**self.__dict__, "_h5": None, "_pid": None}
 
 
 def write_tfrecord(samples: Iterable[dict], path: str | os.PathLike) -> Path:

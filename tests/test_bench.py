@@ -1,6 +1,7 @@
 """tricks_lib.bench: known costs, interleaving, significance, and argument errors."""
 
 import math
+import re
 import time
 
 import pytest
@@ -80,7 +81,84 @@ def test_interleaving_order_is_round_by_round():
         max_rounds=8,
         device="cpu",
     )
-    assert log == ["A", "B"] * 8
+    rounds = [log[i : i + 2] for i in range(0, len(log), 2)]
+    assert len(rounds) == 8 and all(sorted(r) == ["A", "B"] for r in rounds)  # one block of each per round
+
+
+def test_variant_order_is_shuffled_per_round_and_seeded():
+    def run(seed):
+        log = []
+        compare({name: (lambda n=name: log.append(n)) for name in "ABCD"}, baseline="A", number=1, warmup=0,
+                min_rounds=12, max_rounds=12, device="cpu", order_seed=seed)
+        return [tuple(log[i : i + 4]) for i in range(0, len(log), 4)]
+
+    rounds = run(0)
+    assert all(sorted(r) == list("ABCD") for r in rounds)
+    assert len({r[0] for r in rounds}) > 1  # not always the same variant first
+    assert run(0) == rounds  # repeatable
+    assert run(1) != rounds
+
+
+def test_a_position_effect_is_not_read_as_a_speedup(monkeypatch):
+    # The first block of every round is 10% slower (a cold cache, a frequency step). With a fixed
+    # order the variant that always runs first looks 1.10x slower than its identical twin.
+    import tricks_lib.bench as bench
+
+    blocks = []
+
+    def run_block(timer, number):
+        position = len(blocks) % 2
+        blocks.append(timer._task_spec.label)
+        return number * 1e-3 * (1.10 if position == 0 else 1.0)
+
+    monkeypatch.setattr(bench, "_run_block", run_block)
+    monkeypatch.setattr(bench, "_calibrate", lambda timer, target: 1)
+    c = compare({"A": lambda: None, "A again": lambda: None}, baseline="A", warmup=0, min_rounds=40,
+                max_rounds=40, device="cpu")
+    assert not c["A again"].significant, c
+
+
+def test_heavier_variant_measured_faster_is_flagged(monkeypatch):
+    fake_clock(monkeypatch, {"decode": 2e-3, "decode + convert": 1e-3, "decode twice": 4e-3})
+    c = compare({"decode": lambda: None, "decode + convert": lambda: None, "decode twice": lambda: None},
+                baseline="decode", min_run_time=0.5, device="cpu",
+                more_work={"decode + convert": "decode", "decode twice": "decode"})
+    flagged = c["decode + convert"]
+    assert flagged.suspect is not None and "more work than 'decode'" in flagged.suspect
+    assert "suspect" in flagged.verdict and flagged.to_dict()["suspect"] == flagged.suspect
+    assert c["decode twice"].suspect is None  # slower, as it should be
+    assert c["decode"].suspect is None
+
+
+def test_versus_reads_one_variant_against_another(monkeypatch):
+    fake_clock(monkeypatch, {"a": 1e-3, "b": 2e-3, "c": 4e-3})
+    c = compare({"a": lambda: None, "b": lambda: None, "c": lambda: None}, baseline="a", min_run_time=0.5,
+                device="cpu")
+    c_vs_b = c.versus("c", "b")
+    assert c_vs_b.speedup == pytest.approx(0.5, rel=0.03) and c_vs_b.significant
+    assert c_vs_b.verdict.endswith("x slower") and c_vs_b.ci_high < 1
+    assert c.versus("b", "b").is_baseline
+    with pytest.raises(KeyError):
+        c.versus("c", "zz")
+
+
+def test_a_slow_call_still_gets_a_spread_estimate():
+    # One call outlasts min_run_time: Timer.blocked_autorange alone returns a single block (IQR 0).
+    m = measure(busy(0.02), min_run_time=0.005, warmup=0, device="cpu")
+    assert len(m.times) >= 3 and m.has_spread
+    one = Measurement(label="x", times=(1.0,), number_per_block=1, device="cpu", num_threads=1)
+    assert not one.has_spread and one.noisy  # unknown spread is never reported as quiet
+    assert "no spread estimate" in repr(one)
+    two = measure(busy(0.02), min_run_time=0.005, warmup=0, device="cpu", min_blocks=1)
+    assert two.noisy == (not two.has_spread or two.relative_spread > 0.1)
+
+
+def test_progress_bars_do_not_change_results(capsys):
+    c = compare({"a": busy(0.0005), "b": busy(0.0005)}, baseline="a", min_rounds=8, min_run_time=0.01,
+                device="cpu", progress=True)
+    assert c.rounds >= 8
+    m = measure(busy(0.0005), min_run_time=0.01, device="cpu", progress=True)
+    assert len(m.times) >= 3
 
 
 def test_identical_variants_are_not_significant():
@@ -98,7 +176,7 @@ def test_real_difference_is_significant_with_the_right_direction(monkeypatch):
     slow = c["slow"]
     assert slow.significant
     assert slow.speedup == pytest.approx(0.5, rel=0.05)
-    assert slow.verdict == "2.00x slower"
+    assert re.fullmatch(r"(1\.9\d|2\.0\d)x slower", slow.verdict)
     assert slow.ci_high < 1.0
 
 
@@ -143,7 +221,7 @@ def test_compare_items_per_variant_compares_throughput(monkeypatch):
                 min_run_time=0.5, device="cpu")
     assert c["b"].measurement.items == 40 and c.per_item
     assert c["b"].speedup == pytest.approx(2.0, rel=0.02)
-    assert c["b"].verdict == "2.00x faster"
+    assert re.fullmatch(r"(1\.9\d|2\.0\d)x faster", c["b"].verdict)
     assert c["b"].measurement.items_per_second == pytest.approx(40 / 2e-3, rel=0.02)
     assert "items/s" in c.to_markdown() and "per item" in c.to_markdown()
 
@@ -209,6 +287,13 @@ def test_time_first_call_and_format():
         (lambda: compare({"a": lambda: None}, baseline="a", min_rounds=9, max_rounds=8), ValueError, "max_rounds"),
         (lambda: compare({"a": lambda: None}, baseline="a", min_effect=2), ValueError, "min_effect"),
         (lambda: time_first_call(None), TypeError, "callable"),
+        (lambda: measure(lambda: None, min_blocks=0), ValueError, "positive"),
+        (lambda: measure(lambda: None, progress=1), TypeError, "True or False"),
+        (lambda: compare({"a": lambda: None}, baseline="a", more_work={"a": "zz"}), ValueError, "more_work"),
+        (lambda: compare({"a": lambda: None}, baseline="a", more_work={"a": "a"}), ValueError, "itself"),
+        (lambda: compare({"a": lambda: None}, baseline="a", more_work=["a"]), TypeError, "more_work"),
+        (lambda: compare({"a": lambda: None}, baseline="a", order_seed=-1), ValueError, "0 or more"),
+        (lambda: compare({"a": lambda: None}, baseline="a", memory="yes"), TypeError, "True or False"),
     ],
 )
 def test_bad_arguments_raise_clear_errors(call, error, message):

@@ -1,4 +1,4 @@
-"""tricks_lib.compiling: cold and warm first-call cost of torch.compile."""
+"""tricks_lib.compiling: the first compiled call in fresh processes, cold and warm, and the break-even."""
 
 import os
 
@@ -10,30 +10,74 @@ from tricks_lib.compiling import CompileCost, compile_cost, fresh_compile_cache
 
 def test_fresh_cache_restores_the_setting(monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/somewhere/else")
-    with fresh_compile_cache():
+    with fresh_compile_cache() as folder:
         inside = os.environ["TORCHINDUCTOR_CACHE_DIR"]
-        assert inside != "/somewhere/else" and os.path.isdir(inside) and not os.listdir(inside)
+        assert inside == folder != "/somewhere/else" and os.path.isdir(inside) and not os.listdir(inside)
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/somewhere/else"
 
 
-def test_cold_compile_is_slower_than_warm_and_results_match():
-    x = torch.randn(1024)
-
-    def f(t):
-        return torch.sigmoid(t) * t + 1.0
-
-    fn, cost = compile_cost(lambda: (lambda c=torch.compile(f): c(x)), device="cpu")
+def test_cold_and_warm_first_calls_run_in_fresh_processes(tmp_path):
+    # The setup appends its process id to a file: it must run in two child processes (cold, warm)
+    # and once in this one, and the children must not be this process.
+    log = tmp_path / "pids.txt"
+    setup = f"""
+        import os, torch
+        with open({str(log)!r}, "a") as f:
+            f.write(f"{{os.getpid()}} {{os.environ.get('TORCHINDUCTOR_CACHE_DIR')}}\\n")
+        def f(t):
+            return torch.sigmoid(t) * t + 1.0
+        x = torch.ones(1024, device=DEVICE)
+        compiled_f = torch.compile(f)
+    """
+    cost = compile_cost(setup, "compiled_f(x)", device="cpu")
     assert isinstance(cost, CompileCost)
-    torch.testing.assert_close(fn(), f(x))
-    # From empty caches Inductor generates and builds C++; from a warm disk cache it only loads it.
-    assert cost.cold_seconds > 2 * cost.warm_seconds
-    assert cost.calls_to_pay_off(1.0, 0.5) == pytest.approx(cost.cold_seconds / 0.5)
-    assert cost.calls_to_pay_off(0.5, 1.0) is None
-    assert "empty caches" in repr(cost)
+    lines = [line.split() for line in log.read_text().splitlines()]
+    pids = [int(pid) for pid, _ in lines]
+    assert len(pids) == 3 and pids[2] == os.getpid() and len({pids[0], pids[1], os.getpid()}) == 3
+    assert lines[0][1] == lines[1][1]  # the warm child reuses the cold child's cache folder
+    torch.testing.assert_close(cost.compiled(), torch.sigmoid(torch.ones(1024)) + 1.0)
+    assert cost.namespace["x"].shape == (1024,)
+    # From empty caches Inductor generates and builds C++; from a warm disk cache it loads it, but a
+    # fresh process still traces the function again, so the warm call is not free.
+    assert cost.cold_seconds > cost.warm_seconds > 0
+    assert 0 < cost.import_torch_seconds < cost.cold_process_seconds
+    assert cost.cold_process_seconds > cost.cold_seconds
+    assert "fresh process" in repr(cost) and set(cost.to_dict()) >= {"cold_first_call_s", "import_torch_s"}
+
+
+def test_a_failing_setup_names_the_error():
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        compile_cost("import torch\n1 / 0", "None", device="cpu")
+
+
+def _cost(cold, warm):
+    return CompileCost(cold_seconds=cold, warm_seconds=warm, import_torch_seconds=1.0, cold_process_seconds=cold + 2,
+                       warm_process_seconds=warm + 2, compiled=lambda: None, namespace={})
+
+
+def test_break_even_counts_the_first_call_against_the_saving():
+    cost = _cost(cold=10.0, warm=1.0)
+    # n calls: first + (n - 1) * compiled against n * eager.
+    assert cost.calls_to_pay_off(0.3, 0.1) == pytest.approx((10.0 - 0.1) / 0.2)
+    assert cost.calls_to_pay_off(0.3, 0.1, cache="warm") == pytest.approx((1.0 - 0.1) / 0.2)
+    assert cost.calls_to_pay_off(0.1, 0.3) is None
+    assert cost.calls_to_pay_off(0.1, 0.1) is None
+    with pytest.raises(ValueError, match="cold"):
+        cost.calls_to_pay_off(0.3, 0.1, cache="hot")
+    with pytest.raises(ValueError, match="positive"):
+        cost.calls_to_pay_off(0.0, 0.1)
+    with pytest.raises(TypeError, match="seconds"):
+        cost.calls_to_pay_off("0.3", 0.1)
 
 
 def test_bad_arguments():
-    with pytest.raises(TypeError, match="function that returns"):
-        compile_cost(42)
-    with pytest.raises(TypeError, match="must return a callable"):
-        compile_cost(lambda: 3)
+    with pytest.raises(TypeError, match="source"):
+        compile_cost(42, "f(x)")
+    with pytest.raises(TypeError, match="expression"):
+        compile_cost("x = 1", lambda: 3)
+    with pytest.raises(ValueError, match="empty"):
+        compile_cost("x = 1", "  ")
+    with pytest.raises(ValueError, match="single expression"):
+        compile_cost("x = 1", "y = x")
+    with pytest.raises(ValueError, match="timeout"):
+        compile_cost("x = 1", "x", timeout=0)

@@ -40,11 +40,52 @@ def test_peak_saved_bytes_of_accumulation_is_one_micro_batch():
     micro = [xb.clone() for xb in x.chunk(4)]
     accumulated = measure_memory(lambda: [model(xb).sum().backward() for xb in micro], device="cpu")
     assert full.peak_saved_bytes == full.saved_bytes == 3 * 64 * 256 * 4
-    # every micro-batch saves a quarter; each pass's activations die before the next pass saves its own
-    # (the micro-batch inputs stay alive in `micro`, so they add up: 4 inputs + 2 ReLU outputs at most)
+    # Every micro-batch saves a quarter, and its backward frees what it saved before the next pass saves
+    # its own. The micro-batch inputs stay alive in `micro`, but once their pass is done no graph holds
+    # them for backward: the peak is one micro-batch's input + 2 ReLU outputs, exactly a quarter.
     assert accumulated.saved_bytes == full.saved_bytes
-    assert accumulated.peak_saved_bytes == (4 + 2) * 16 * 256 * 4
+    assert accumulated.peak_saved_bytes == 3 * 16 * 256 * 4 == full.peak_saved_bytes // 4
     assert "alive at once" in repr(accumulated)
+
+
+def test_a_loop_over_held_batches_reports_one_steps_peak_not_the_sum():
+    # The caller holds every batch (a list, as a cached dataset would); k training steps over them
+    # must peak at one step's saved bytes, not k times it.
+    model = linear_relu_chain(2, width=128)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    batches = [torch.randn(32, 128) for _ in range(5)]
+
+    def steps(k):
+        for xb in batches[:k]:
+            opt.zero_grad()
+            model(xb).sum().backward()
+            opt.step()
+
+    one, five = measure_memory(lambda: steps(1), device="cpu"), measure_memory(lambda: steps(5), device="cpu")
+    assert one.peak_saved_bytes == 3 * 32 * 128 * 4
+    assert five.peak_saved_bytes == one.peak_saved_bytes
+    assert five.saved_bytes == 5 * one.saved_bytes  # every step saved its own input and activations
+
+
+def test_a_saved_tensor_counts_until_its_graph_is_freed():
+    x = torch.randn(256, 256, requires_grad=True)
+    keep = []
+
+    def forward_twice_keeping_the_first_graph():
+        keep.append(x.exp())  # the first graph stays alive: its saved output still counts
+        (x * 2).exp()  # this graph dies at once, yet its saved tensors were held while it lived
+
+    report = measure_memory(forward_twice_keeping_the_first_graph, device="cpu")
+    assert report.saved_bytes == 2 * 256 * 256 * 4
+    assert report.peak_saved_bytes == 2 * 256 * 256 * 4  # both graphs were alive at the second save
+    del keep[:]
+
+    def graph_freed_before_the_next_save():
+        x.exp().sum().backward()  # backward frees the saved exp output...
+        x.exp().sum().backward()  # ...before this pass saves a new one
+
+    freed = measure_memory(graph_freed_before_the_next_save, device="cpu")
+    assert freed.peak_saved_bytes == 256 * 256 * 4
 
 
 def test_parameters_and_their_views_are_excluded():

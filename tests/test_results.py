@@ -36,7 +36,7 @@ def test_records_round_trip_through_the_results_file(monkeypatch, tmp_path):
 
 
 def test_bad_inputs(tmp_path):
-    with pytest.raises(TypeError, match="Comparison, Measurement or MemoryReport"):
+    with pytest.raises(TypeError, match="Comparison, Measurement, MemoryReport or CompileCost"):
         record("x", 1.5)
     with pytest.raises(ValueError, match="name the trick"):
         record("  ", measure(lambda: None, min_run_time=0.01, device="cpu"))
@@ -47,3 +47,16 @@ def test_bad_inputs(tmp_path):
     with pytest.raises(ValueError, match="line 1"):
         load_records(bad)
     assert load_records(tmp_path / "missing.jsonl") == []
+
+
+def test_compile_costs_are_recorded(monkeypatch, tmp_path):
+    from tricks_lib.compiling import CompileCost
+
+    target = tmp_path / "records.jsonl"
+    monkeypatch.setenv("TRICKS_RESULTS", str(target))
+    cost = CompileCost(cold_seconds=9.0, warm_seconds=2.0, import_torch_seconds=1.5, cold_process_seconds=12.0,
+                       warm_process_seconds=5.0, compiled=lambda: None, namespace={"DEVICE": torch.device("cpu")})
+    rec = record("torch.compile", cost)
+    assert rec.kind == "compile" and rec.device == "cpu"
+    row = load_records(target)[0].rows[0]
+    assert row["cold_first_call_s"] == 9.0 and row["warm_first_call_s"] == 2.0 and row["import_torch_s"] == 1.5

@@ -26,12 +26,16 @@ def notebooks(tmp_path):
         "from tricks_lib.env import quick_mode\nfrom tricks_lib.bench import measure\nfrom tricks_lib.results import record",
         "record('noop', measure(lambda: None, min_run_time=0.01, device='cpu'))\nquick_mode()",
     )
+    write_nb(
+        folder / "15_env.ipynb",
+        "import os\nos.environ.get('CUBLAS_WORKSPACE_CONFIG')",
+    )
     write_nb(folder / "20_fails.ipynb", "x = 1", "raise RuntimeError('boom')", "y = 2")
     return folder
 
 
 def test_find_notebooks_selects_by_prefix(notebooks):
-    assert [p.stem for p in find_notebooks(notebooks)] == ["10_ok", "20_fails"]
+    assert [p.stem for p in find_notebooks(notebooks)] == ["10_ok", "15_env", "20_fails"]
     assert [p.stem for p in find_notebooks(notebooks, ["20"])] == ["20_fails"]
     with pytest.raises(ValueError, match="matches no notebook"):
         find_notebooks(notebooks, ["99"])
@@ -54,6 +58,33 @@ def test_run_records_summary_and_refresh(notebooks, tmp_path):
     assert summary["measurements"][0]["notebook"] == "10_ok"
     assert "| 10_ok | noop |" in md.read_text()
     assert (out / "notebooks" / "10_ok.ipynb").exists()
+
+
+def test_kernels_start_with_cublas_configured_for_determinism(notebooks, tmp_path, monkeypatch):
+    # cuBLAS reads CUBLAS_WORKSPACE_CONFIG once, at the first cuBLAS call: setting it inside a cell
+    # is too late once any matmul ran, so the kernel must inherit it.
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    out = tmp_path / "out"
+    runs = run_notebooks(find_notebooks(notebooks, ["15"]), out, quick=True, progress=False)
+    assert runs[0].ok
+    executed = nbformat.read(out / "notebooks" / "15_env.ipynb", as_version=4)
+    assert executed.cells[-1].outputs[0]["data"]["text/plain"] == "':4096:8'"
+    import os
+
+    assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ  # the caller's environment is restored
+
+
+def test_summary_shows_compile_costs(tmp_path):
+    from tricks_lib.runner import NotebookRun
+
+    (tmp_path / "records.jsonl").write_text(json.dumps({
+        "notebook": "02", "trick": "compile", "kind": "compile", "device": "cpu", "machine": "m",
+        "rows": [{"cold_first_call_s": 9.0, "warm_first_call_s": 2.0, "import_torch_s": 1.5,
+                  "cold_process_s": 12.0, "warm_process_s": 5.0}]}) + "\n")
+    md, js = write_summary(tmp_path, [NotebookRun("02", True, 1.0)], quick=True)
+    variants = {m["variant"]: m["median_s"] for m in json.loads(js.read_text())["measurements"]}
+    assert variants == {"first call, empty caches": 9.0, "first call, warm on-disk cache": 2.0, "import torch": 1.5}
+    assert "first call, empty caches | 9 s" in md.read_text()
 
 
 def test_failure_names_notebook_and_cell(notebooks, tmp_path, capsys):

@@ -11,13 +11,15 @@ fixed); this module adds the interleaving, the verdicts and the values the noteb
 from __future__ import annotations
 
 import html
+import logging
 import math
+import random
 import timeit
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import logging
 import numpy as np
 import torch
 
@@ -53,6 +55,9 @@ DEFAULT_MIN_EFFECT = 0.03
 CONFIDENCE = 0.99
 # The fewest paired rounds whose order-statistic interval for the median reaches CONFIDENCE.
 MIN_ROUNDS_FOR_VERDICT = 8
+# The fewest timed blocks whose IQR says anything about spread: one or two blocks have an IQR that
+# reflects how many blocks there were, not how noisy the machine is.
+MIN_BLOCKS_FOR_SPREAD = 3
 
 
 def format_seconds(seconds: float) -> str:
@@ -99,9 +104,17 @@ class Measurement:
         return self.iqr / self.median if self.median > 0 else 0.0
 
     @property
+    def has_spread(self) -> bool:
+        """True when there are enough timed blocks (``MIN_BLOCKS_FOR_SPREAD``) for the IQR to mean something."""
+        return len(self.times) >= MIN_BLOCKS_FOR_SPREAD
+
+    @property
     def noisy(self) -> bool:
-        """True when the spread is large against the median: read such a number with care."""
-        return self.relative_spread > NOISE_THRESHOLD
+        """True when the spread is large against the median, or unknown: read such a number with care.
+
+        A measurement with too few blocks to estimate its spread is never reported as quiet.
+        """
+        return not self.has_spread or self.relative_spread > NOISE_THRESHOLD
 
     @property
     def items_per_second(self) -> float | None:
@@ -111,10 +124,13 @@ class Measurement:
 
     def __repr__(self) -> str:
         rate = f", {self.items_per_second:,.0f} items/s" if self.items_per_second else ""
-        noise = ", noisy" if self.noisy else ""
+        if not self.has_spread:
+            spread, noise = "no spread estimate", ""
+        else:
+            spread, noise = f"IQR {format_seconds(self.iqr)}", (", noisy" if self.noisy else "")
         return (
-            f"Measurement({self.label!r}: median {format_seconds(self.median)}, IQR "
-            f"{format_seconds(self.iqr)}{rate}, {len(self.times)} blocks x {self.number_per_block}, "
+            f"Measurement({self.label!r}: median {format_seconds(self.median)}, "
+            f"{spread}{rate}, {len(self.times)} blocks x {self.number_per_block}, "
             f"{self.device}, {self.num_threads} threads{noise})"
         )
 
@@ -130,6 +146,7 @@ class Measurement:
             "number_per_block": self.number_per_block,
             "items_per_second": self.items_per_second,
             "noisy": self.noisy,
+            "has_spread": self.has_spread,
             "device": self.device,
             "num_threads": self.num_threads,
         }
@@ -152,16 +169,21 @@ class ComparisonRow:
     significant: bool
     is_baseline: bool
     memory: MemoryReport | None = None
+    # Set when this variant was declared to do strictly more work than another (``compare(more_work=)``)
+    # yet came out significantly faster than it: an artifact of the measurement, not a speedup.
+    suspect: str | None = None
 
     @property
     def verdict(self) -> str:
         if self.is_baseline:
-            return "baseline"
-        if not self.significant:
-            return "not significant"
-        if self.speedup >= 1:
-            return f"{self.speedup:.2f}x faster"
-        return f"{1 / self.speedup:.2f}x slower"
+            verdict = "baseline"
+        elif not self.significant:
+            verdict = "not significant"
+        elif self.speedup >= 1:
+            verdict = f"{self.speedup:.2f}x faster"
+        else:
+            verdict = f"{1 / self.speedup:.2f}x slower"
+        return f"{verdict} (suspect: {self.suspect})" if self.suspect else verdict
 
     def to_dict(self) -> dict:
         out = {"variant": self.name, **self.measurement.to_dict()}
@@ -170,6 +192,7 @@ class ComparisonRow:
             speedup_ci=[_finite_or_none(self.ci_low), _finite_or_none(self.ci_high)],
             significant=self.significant,
             verdict=self.verdict,
+            suspect=self.suspect,
         )
         if self.memory is not None:
             out["memory"] = self.memory.to_dict()
@@ -199,6 +222,23 @@ class Comparison:
     def names(self) -> tuple[str, ...]:
         return tuple(r.name for r in self.rows)
 
+    def versus(self, name: str, reference: str) -> ComparisonRow:
+        """Variant ``name`` read against ``reference`` instead of the baseline, from the same paired rounds.
+
+        Raises:
+            KeyError: either name is not a variant.
+        """
+        row, ref = self[name], self[reference]
+        items = (row.measurement.items, ref.measurement.items) if self.per_item else (1, 1)
+        speedup, lo, hi, significant = _paired_speedup(
+            ref.measurement.times, row.measurement.times, items[1], items[0], self.min_effect
+        )
+        if name == reference:
+            speedup, lo, hi, significant = 1.0, 1.0, 1.0, False
+        return dataclasses.replace(
+            row, speedup=speedup, ci_low=lo, ci_high=hi, significant=significant, is_baseline=name == reference
+        )
+
     def _table(self) -> tuple[list[str], list[list[str]]]:
         with_items = any(r.measurement.items is not None for r in self.rows)
         with_memory = any(r.memory is not None for r in self.rows)
@@ -211,7 +251,9 @@ class Comparison:
         for r in self.rows:
             m = r.measurement
             cells = [r.name, format_seconds(m.median), format_seconds(m.iqr), f"{r.speedup:.2f}x", r.verdict]
-            if m.noisy:
+            if not m.has_spread:
+                cells[2] = f"- ({len(m.times)} block{'s' if len(m.times) > 1 else ''}: no spread estimate)"
+            elif m.noisy:
                 cells[2] += " (noisy)"
             if with_items:
                 cells.insert(3, f"{m.items_per_second:,.0f}" if m.items_per_second else "-")
@@ -232,7 +274,7 @@ class Comparison:
         return (
             f"{self.label}: {self.rounds} interleaved rounds on {self.device}, {self.num_threads} threads; "
             f"'significant' = the {CONFIDENCE:.0%} paired interval of the speedup lies at least "
-            f"{self.min_effect:.0%} away from 1x"
+            f"{self.min_effect:.0%} away from 1x; variant order shuffled per round"
             + ("; speedup per item, since the variants process different numbers of items" if self.per_item else "")
         )
 
@@ -285,6 +327,11 @@ def _check_positive(value: object, name: str, *, allow_none: bool = True, intege
         raise TypeError(f"{name} must be a {'whole number' if integer else 'number'}, got {value!r}")
     if not value > 0 or not math.isfinite(value):
         raise ValueError(f"{name} must be positive, got {value!r}")
+
+
+def _check_flag(value: object, name: str) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
 
 
 def _check_non_negative_int(value: object, name: str) -> None:
@@ -344,6 +391,15 @@ def _warm_up(fn: Callable[[], object], device: torch.device, calls: int) -> None
     clock()  # drain queued device work so it is not billed to the first timed block
 
 
+def _progress_bar(enabled: bool, total: int | None, desc: str):
+    """A tqdm.auto bar (a widget in notebooks, text elsewhere), or None when disabled."""
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, leave=False)
+
+
 def measure(
     fn: Callable[[], object],
     *,
@@ -352,6 +408,8 @@ def measure(
     min_run_time: float | None = None,
     device: str | torch.device | None = None,
     warmup: int = 1,
+    min_blocks: int = MIN_BLOCKS_FOR_SPREAD,
+    progress: bool = False,
 ) -> Measurement:
     """Time ``fn()``: warm-up calls, then ``Timer.blocked_autorange`` with the device synchronized.
 
@@ -362,26 +420,45 @@ def measure(
         min_run_time: seconds of timed calls at least (default 0.05 in quick mode, 0.5 otherwise).
         device: whose queue is synchronized around each timed block (default: ``pick_device()``).
         warmup: untimed calls first (first-call costs: allocation, autotuning, lazy init).
+        min_blocks: timed blocks at least, even when one call outlasts ``min_run_time`` (default 3, the
+            fewest with a meaningful IQR). With fewer, the result says it has no spread estimate.
+        progress: show a progress bar over the timed blocks (tqdm.auto); off by default.
 
     Returns:
         A frozen ``Measurement``.
 
     Raises:
-        TypeError / ValueError: a non-callable ``fn`` or a non-positive ``items``/``min_run_time``.
+        TypeError / ValueError: a non-callable ``fn`` or a non-positive ``items``/``min_run_time``/``min_blocks``.
     """
     _check_callable(fn, "fn")
     _check_positive(items, "items", integer=True)
     _check_positive(min_run_time, "min_run_time")
     _check_non_negative_int(warmup, "warmup")
+    _check_positive(min_blocks, "min_blocks", allow_none=False, integer=True)
+    _check_flag(progress, "progress")
     dev = pick_device(device) if device is not None else pick_device()
     name = label if label is not None else getattr(fn, "__name__", "fn")
-    _warm_up(fn, dev, warmup)
-    timer = _make_timer(fn, dev, name)
-    result = timer.blocked_autorange(min_run_time=min_run_time or _default_min_run_time())
+    bar = _progress_bar(progress, None, f"measuring {name}")
+    try:
+        _warm_up(fn, dev, warmup)
+        timer = _make_timer(fn, dev, name)
+        callback = (lambda number, elapsed: bar.update(1)) if bar is not None else None
+        result = timer.blocked_autorange(callback=callback, min_run_time=min_run_time or _default_min_run_time())
+        number = int(result.number_per_run)
+        times = [float(t) for t in result.times]
+        # blocked_autorange stops after one block when a call outlasts min_run_time; its IQR would be 0
+        # and the measurement would look perfectly quiet. Take the blocks a spread estimate needs.
+        while len(times) < min_blocks:
+            times.append(_run_block(timer, number) / number)
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
     return Measurement(
         label=name,
-        times=tuple(float(t) for t in result.times),
-        number_per_block=int(result.number_per_run),
+        times=tuple(times),
+        number_per_block=number,
         device=str(dev),
         num_threads=torch.get_num_threads(),
         items=items,
@@ -437,49 +514,58 @@ def _median_interval(values: list[float], confidence: float) -> tuple[float, flo
     return xs[k - 1], xs[n - k]
 
 
-def compare(
-    variants: Mapping[str, Callable[[], object]],
-    *,
-    baseline: str,
-    items: int | Mapping[str, int] | None = None,
-    min_run_time: float | None = None,
-    min_rounds: int = 15,
-    max_rounds: int = 1000,
-    device: str | torch.device | None = None,
-    warmup: int = 1,
-    number: int | None = None,
-    min_effect: float = DEFAULT_MIN_EFFECT,
-    memory: bool = False,
-    label: str | None = None,
-) -> Comparison:
-    """Time variants interleaved round by round and read each against ``baseline``.
+def _paired_speedup(
+    base_times: Sequence[float],
+    times: Sequence[float],
+    base_items: int,
+    items: int,
+    min_effect: float,
+) -> tuple[float, float, float, bool]:
+    """Speedup of a variant over a reference from their paired per-round block times.
 
-    Each round runs one block of every variant in order (A B C A B C ...), so slow drift of a
-    shared machine (other jobs, thermal limits) hits all variants alike. A variant is "significant"
-    when the whole 99% distribution-free interval of its paired per-round speedup lies at least
-    ``min_effect`` away from 1x (and the ratio of medians agrees); otherwise it is "not
-    significant", never a speedup.
-
-    Args:
-        variants: name -> zero-argument callable; each must do the same work (check that first).
-        baseline: the name of the reference variant.
-        items: things processed per call, one count for all or a dict name -> count. With a count
-            for every variant, speedups compare time per item (throughput), not time per call.
-        min_run_time: seconds of timed calls per variant at least (default 0.05 quick, 0.5 full).
-        min_rounds / max_rounds: bounds on the number of rounds (at least 8: fewer cannot give a
-            99% interval).
-        device: whose queue is synchronized around each block (default ``pick_device()``).
-        warmup: untimed calls of each variant before timing.
-        number: calls per block for every variant; default: calibrated per variant so a block
-            takes about ``min_run_time / (2 * min_rounds)``.
-        min_effect: smallest relative difference ever called significant (0.03 = 3%).
-        memory: also run ``measure_memory`` once per variant (outside the timing) for the table.
-        label: a title for the table.
-
-    Raises:
-        TypeError / ValueError: empty or non-dict ``variants``, a non-callable variant, an unknown
-            ``baseline``, non-positive sizes or durations.
+    Returns (ratio of medians, interval low, interval high, significant). The interval is the
+    ``CONFIDENCE`` distribution-free interval of the median per-round speedup; "significant" needs the
+    whole interval at least ``min_effect`` away from 1x and the ratio of medians on the same side: a
+    steady bias of a percent or two is consistent enough to exclude 1x, yet it is not a speedup.
+    Times are divided by the items each call processed, so different batch sizes compare by throughput.
     """
+    base_median = float(np.median(base_times)) / base_items
+    median = float(np.median(times)) / items
+    speedup = base_median / median if median > 0 else math.inf
+    # Paired per-round log speedups: both blocks of a round saw the same machine state.
+    logs = [math.log((b / base_items) / (v / items)) for b, v in zip(base_times, times) if b > 0 and v > 0]
+    interval = _median_interval(logs, CONFIDENCE)
+    if interval is None:
+        return speedup, math.nan, math.nan, False
+    lo, hi = math.exp(interval[0]), math.exp(interval[1])
+    faster, slower = 1.0 + min_effect, 1.0 / (1.0 + min_effect)
+    significant = (lo >= faster and speedup >= faster) or (hi <= slower and speedup <= slower)
+    return speedup, lo, hi, significant
+
+
+@dataclass(frozen=True)
+class _CompareSpec:
+    """compare()'s arguments, checked and resolved."""
+
+    variants: dict[str, Callable[[], object]]
+    baseline: str
+    items: dict[str, int | None]
+    per_item: bool
+    run_time: float
+    min_rounds: int
+    max_rounds: int
+    device: torch.device
+    warmup: int
+    number: int | None
+    min_effect: float
+    more_work: dict[str, str]
+    order_seed: int
+
+
+def _check_compare_args(
+    variants, baseline, items, min_run_time, min_rounds, max_rounds, device, warmup, number, min_effect,
+    more_work, order_seed,
+) -> _CompareSpec:
     if not isinstance(variants, Mapping):
         raise TypeError(f"variants must be a dict of name -> callable, got {type(variants).__name__}")
     if not variants:
@@ -512,71 +598,101 @@ def compare(
     _check_positive(number, "number", integer=True)
     if isinstance(min_effect, bool) or not isinstance(min_effect, (int, float)) or not 0 <= min_effect < 1:
         raise ValueError(f"min_effect must be a fraction in [0, 1), got {min_effect!r}")
+    if more_work is None:
+        more_work = {}
+    if not isinstance(more_work, Mapping):
+        raise TypeError(f"more_work must be a dict of heavier variant -> lighter variant, got {type(more_work).__name__}")
+    for heavy, light in more_work.items():
+        if heavy not in variants or light not in variants:
+            raise ValueError(f"more_work names {heavy!r} -> {light!r}, but the variants are {list(variants)}")
+        if heavy == light:
+            raise ValueError(f"more_work pairs {heavy!r} with itself: name the lighter variant it does more than")
+    _check_non_negative_int(order_seed, "order_seed")
+    per_item = isinstance(items, Mapping) and all(name in items for name in variants)
+    counts = {name: (items.get(name) if isinstance(items, Mapping) else items) for name in variants}
+    return _CompareSpec(
+        variants=dict(variants),
+        baseline=baseline,
+        items=counts,
+        per_item=per_item,
+        run_time=min_run_time or _default_min_run_time(),
+        min_rounds=min_rounds,
+        max_rounds=max_rounds,
+        device=pick_device(device) if device is not None else pick_device(),
+        warmup=warmup,
+        number=number,
+        min_effect=float(min_effect),
+        more_work=dict(more_work),
+        order_seed=order_seed,
+    )
 
-    dev = pick_device(device) if device is not None else pick_device()
-    run_time = min_run_time or _default_min_run_time()
-    names = list(variants)
+
+def _run_rounds(spec: _CompareSpec, progress: bool) -> tuple[dict[str, int], dict[str, list[float]], int]:
+    """Warm up, calibrate, then time one block of every variant per round, in a shuffled order.
+
+    Returns calls per block, per-call block times by variant (in round order, so they pair up), and
+    the number of rounds.
+    """
+    names = list(spec.variants)
     for name in names:
-        _warm_up(variants[name], dev, warmup)
-    timers = {name: _make_timer(variants[name], dev, name) for name in names}
-    target_block = run_time / (2 * min_rounds)
-    numbers = {name: number or _calibrate(timers[name], target_block) for name in names}
-
+        _warm_up(spec.variants[name], spec.device, spec.warmup)
+    timers = {name: _make_timer(spec.variants[name], spec.device, name) for name in names}
+    target_block = spec.run_time / (2 * spec.min_rounds)
+    numbers = {name: spec.number or _calibrate(timers[name], target_block) for name in names}
+    # A fixed order (A B C A B C ...) turns any steady position effect (a cache warmed by the variant
+    # before, a frequency step at the start of a round) into a fake speedup; a seeded shuffle per
+    # round spreads it over all variants and keeps the run repeatable.
+    order_rng = random.Random(spec.order_seed)
     block_times: dict[str, list[float]] = {name: [] for name in names}
-    spent = 0.0
-    rounds = 0
-    while rounds < max_rounds and (rounds < min_rounds or spent < run_time * len(names)):
-        for name in names:
-            elapsed = _run_block(timers[name], numbers[name])
-            block_times[name].append(elapsed / numbers[name])
-            spent += elapsed
-        rounds += 1
+    spent, rounds = 0.0, 0
+    bar = _progress_bar(progress, spec.min_rounds, f"comparing {len(names)} variants")
+    try:
+        while rounds < spec.max_rounds and (rounds < spec.min_rounds or spent < spec.run_time * len(names)):
+            order = names[:]
+            order_rng.shuffle(order)
+            for name in order:
+                elapsed = _run_block(timers[name], numbers[name])
+                block_times[name].append(elapsed / numbers[name])
+                spent += elapsed
+            rounds += 1
+            if bar is not None:
+                bar.total = max(bar.total, rounds)
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    return numbers, block_times, rounds
 
-    reports = {}
-    if memory:
-        from tricks_lib.memory import measure_memory
 
-        reports = {name: measure_memory(variants[name], label=name, device=dev) for name in names}
+def _read_rows(
+    spec: _CompareSpec,
+    measurements: dict[str, Measurement],
+    reports: dict[str, MemoryReport],
+) -> tuple[ComparisonRow, ...]:
+    """Each variant against the baseline, and each declared heavier variant against its lighter one."""
+    scale = {name: (spec.items[name] if spec.per_item else 1) for name in spec.variants}
+    base = spec.baseline
 
-    threads = torch.get_num_threads()
-    measurements = {
-        name: Measurement(
-            label=name,
-            times=tuple(block_times[name]),
-            number_per_block=numbers[name],
-            device=str(dev),
-            num_threads=threads,
-            items=items.get(name) if isinstance(items, Mapping) else items,
+    def paired(name: str, reference: str) -> tuple[float, float, float, bool]:
+        return _paired_speedup(
+            measurements[reference].times, measurements[name].times, scale[reference], scale[name], spec.min_effect
         )
-        for name in names
-    }
-    # Variants that process different numbers of items (batch sizes) are compared per item, i.e. by
-    # throughput; otherwise per call.
-    per_item = isinstance(items, Mapping) and all(name in items for name in names)
-    scale = {name: (items[name] if per_item else 1) for name in names}
-    base = measurements[baseline]
-    base_time = base.median / scale[baseline]
+
     rows = []
-    for name in names:
-        m = measurements[name]
-        speedup = base_time / (m.median / scale[name]) if m.median > 0 else math.inf
-        # Paired per-round log speedups: both blocks of a round saw the same machine state.
-        logs = [
-            math.log((b / scale[baseline]) / (v / scale[name]))
-            for b, v in zip(block_times[baseline], block_times[name])
-            if b > 0 and v > 0
-        ]
-        interval = _median_interval(logs, CONFIDENCE) if name != baseline else None
-        lo, hi = (math.exp(interval[0]), math.exp(interval[1])) if interval else (math.nan, math.nan)
-        # The whole interval must clear the minimum effect, not just exclude 1x: a steady bias of a
-        # percent or two (which variant runs first in a round, cache placement) is consistent enough
-        # to exclude 1x, yet it is not a speedup. The ratio of medians must agree in direction.
-        faster, slower = 1.0 + min_effect, 1.0 / (1.0 + min_effect)
-        significant = interval is not None and (
-            (lo >= faster and speedup >= faster) or (hi <= slower and speedup <= slower)
-        )
-        if name == baseline:
-            lo = hi = 1.0
+    for name, m in measurements.items():
+        if name == base:
+            speedup, lo, hi, significant = 1.0, 1.0, 1.0, False
+        else:
+            speedup, lo, hi, significant = paired(name, base)
+        suspect = None
+        lighter = spec.more_work.get(name)
+        if lighter is not None:
+            ratio, _, _, heavier_is_different = paired(name, lighter)
+            if heavier_is_different and ratio > 1:
+                suspect = (
+                    f"does more work than {lighter!r} yet measured {ratio:.2f}x faster than it: "
+                    "an artifact of the measurement, not a speedup"
+                )
         rows.append(
             ComparisonRow(
                 name=name,
@@ -585,18 +701,97 @@ def compare(
                 ci_low=lo,
                 ci_high=hi,
                 significant=significant,
-                is_baseline=name == baseline,
+                is_baseline=name == base,
                 memory=reports.get(name),
+                suspect=suspect,
             )
         )
+    return tuple(rows)
+
+
+def compare(
+    variants: Mapping[str, Callable[[], object]],
+    *,
+    baseline: str,
+    items: int | Mapping[str, int] | None = None,
+    min_run_time: float | None = None,
+    min_rounds: int = 15,
+    max_rounds: int = 1000,
+    device: str | torch.device | None = None,
+    warmup: int = 1,
+    number: int | None = None,
+    min_effect: float = DEFAULT_MIN_EFFECT,
+    memory: bool = False,
+    label: str | None = None,
+    more_work: Mapping[str, str] | None = None,
+    order_seed: int = 0,
+    progress: bool = False,
+) -> Comparison:
+    """Time variants interleaved round by round and read each against ``baseline``.
+
+    Each round runs one block of every variant, in an order shuffled per round (seeded), so slow
+    drift of a shared machine (other jobs, thermal limits) hits all variants alike and no variant
+    always runs first. A variant is "significant" when the whole 99% distribution-free interval of
+    its paired per-round speedup lies at least ``min_effect`` away from 1x (and the ratio of medians
+    agrees); otherwise it is "not significant", never a speedup.
+
+    Args:
+        variants: name -> zero-argument callable; each must do the same work (check that first).
+        baseline: the name of the reference variant.
+        items: things processed per call, one count for all or a dict name -> count. With a count
+            for every variant, speedups compare time per item (throughput), not time per call.
+        min_run_time: seconds of timed calls per variant at least (default 0.05 quick, 0.5 full).
+        min_rounds / max_rounds: bounds on the number of rounds (at least 8: fewer cannot give a
+            99% interval).
+        device: whose queue is synchronized around each block (default ``pick_device()``).
+        warmup: untimed calls of each variant before timing.
+        number: calls per block for every variant; default: calibrated per variant so a block
+            takes about ``min_run_time / (2 * min_rounds)``.
+        min_effect: smallest relative difference ever called significant (0.03 = 3%).
+        memory: also run ``measure_memory`` once per variant (outside the timing) for the table.
+        label: a title for the table.
+        more_work: heavier variant -> lighter variant, for pairs where the first does strictly more
+            work than the second (the same decode plus a colour conversion). A heavier variant that
+            comes out significantly faster than its lighter one gets ``row.suspect`` set, and its
+            verdict says so: such a result is an artifact, not a speedup.
+        order_seed: seeds the per-round shuffle of the variant order.
+        progress: show a progress bar over the rounds (tqdm.auto); off by default.
+
+    Raises:
+        TypeError / ValueError: empty or non-dict ``variants``, a non-callable variant, an unknown
+            ``baseline`` or ``more_work`` name, non-positive sizes or durations.
+    """
+    spec = _check_compare_args(
+        variants, baseline, items, min_run_time, min_rounds, max_rounds, device, warmup, number, min_effect,
+        more_work, order_seed,
+    )
+    _check_flag(memory, "memory")
+    _check_flag(progress, "progress")
+    numbers, block_times, rounds = _run_rounds(spec, progress)
+    reports = {}
+    if memory:
+        from tricks_lib.memory import measure_memory
+
+        reports = {name: measure_memory(fn, label=name, device=spec.device) for name, fn in spec.variants.items()}
+    threads = torch.get_num_threads()
+    measurements = {
+        name: Measurement(
+            label=name,
+            times=tuple(block_times[name]),
+            number_per_block=numbers[name],
+            device=str(spec.device),
+            num_threads=threads,
+            items=spec.items[name],
+        )
+        for name in spec.variants
+    }
     return Comparison(
         label=label or f"vs {baseline}",
         baseline=baseline,
-        rows=tuple(rows),
+        rows=_read_rows(spec, measurements, reports),
         rounds=rounds,
-        device=str(dev),
+        device=str(spec.device),
         num_threads=threads,
-        min_effect=float(min_effect),
-        per_item=per_item,
+        min_effect=spec.min_effect,
+        per_item=spec.per_item,
     )
-

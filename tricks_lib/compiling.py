@@ -1,8 +1,12 @@
-"""What ``torch.compile`` costs the first time, measured honestly.
+"""What ``torch.compile`` costs the first time, measured the way a reader pays it.
 
-Inductor keeps compiled kernels and graphs in an on-disk cache (``TORCHINDUCTOR_CACHE_DIR``), so the
-second run of a notebook compiles in a fraction of the first run's time. A reader's first run is
-the cold one; ``compile_cost`` times both on purpose, the cold one against an empty cache folder.
+A reader pays the compile in a fresh process: the first run of a notebook against empty caches, a
+rerun against Inductor's on-disk cache (``TORCHINDUCTOR_CACHE_DIR``) but with nothing in memory:
+Dynamo traces again, modules are imported again, kernels are loaded from disk. Timing the "warm" case
+in the same process after ``torch._dynamo.reset()`` keeps Inductor's in-memory caches and imports and
+reports a fraction of what a rerun pays. So ``compile_cost`` runs the first call twice in fresh
+subprocesses, the first against an empty cache folder and the second reusing it, and reports
+``import torch`` separately.
 """
 
 from __future__ import annotations
@@ -10,27 +14,59 @@ from __future__ import annotations
 import atexit
 import contextlib
 import html
+import json
+import math
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
+import textwrap
+import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from tricks_lib.bench import format_seconds, time_first_call
+from tricks_lib.env import pick_device
 
 __all__ = ["CompileCost", "compile_cost", "fresh_compile_cache"]
 
 _CACHE_ENV_VAR = "TORCHINDUCTOR_CACHE_DIR"
+_TRITON_CACHE_ENV_VAR = "TRITON_CACHE_DIR"
+_RESULT_MARKER = "TRICKS_COMPILE_COST "
+
+# What the child process runs: the clock starts before `import torch`, as a reader's kernel does.
+_CHILD = textwrap.dedent(
+    """
+    import time
+    _t0 = time.perf_counter()
+    import json, os, sys
+    import torch
+    _t1 = time.perf_counter()
+    _spec = json.loads(sys.stdin.read())
+    torch.set_num_threads(_spec["threads"])
+    from tricks_lib.env import pick_device
+    from tricks_lib.bench import time_first_call
+    _ns = {"DEVICE": pick_device(_spec["device"]), "__name__": "__compile_cost__"}
+    exec(compile(_spec["setup"], "<compile_cost setup>", "exec"), _ns)
+    _t2 = time.perf_counter()
+    _call = compile(_spec["call"], "<compile_cost call>", "eval")
+    _first = time_first_call(lambda: eval(_call, _ns), device=_ns["DEVICE"])
+    print("%s%s" % (_spec["marker"], json.dumps(
+        {"import_torch": _t1 - _t0, "setup": _t2 - _t1, "first_call": _first})), flush=True)
+    """
+)
 
 
 @contextlib.contextmanager
-def fresh_compile_cache() -> Iterator[None]:
-    """Inside the block, ``torch.compile`` starts from empty caches: in memory and on disk.
+def fresh_compile_cache() -> Iterator[str]:
+    """Inside the block, ``torch.compile`` in this process starts from empty caches: in memory and on disk.
 
-    The previous cache folder setting is restored on exit. The fresh folder is kept until the
-    process ends (compiled kernels inside it may still be loaded lazily, e.g. at the first backward).
+    Yields the fresh cache folder. The previous cache folder setting is restored on exit. The folder is
+    kept until the process ends (compiled kernels inside it may still be loaded lazily, e.g. at the
+    first backward).
     """
     previous = os.environ.get(_CACHE_ENV_VAR)
     folder = tempfile.mkdtemp(prefix="tricks-inductor-")
@@ -38,7 +74,7 @@ def fresh_compile_cache() -> Iterator[None]:
     os.environ[_CACHE_ENV_VAR] = folder
     torch._dynamo.reset()  # forget graphs compiled earlier in this process
     try:
-        yield
+        yield folder
     finally:
         if previous is None:
             os.environ.pop(_CACHE_ENV_VAR, None)
@@ -48,57 +84,160 @@ def fresh_compile_cache() -> Iterator[None]:
 
 @dataclass(frozen=True)
 class CompileCost:
-    """Seconds of the first call of a compiled function, from empty caches and from warm ones."""
+    """The first call of a compiled function in a fresh process, from empty caches and from warm ones.
 
-    cold_seconds: float  # empty caches: a reader's first run
-    warm_seconds: float  # graphs forgotten, on-disk cache kept: a rerun of the notebook
+    ``compiled`` runs the same call in this process (compiled against the warm cache, already called
+    once) for the steady-state comparison; ``namespace`` holds what the setup built here.
+    """
 
-    def calls_to_pay_off(self, eager_seconds: float, compiled_seconds: float) -> float | None:
-        """Calls after which the cold compile is paid back; None when compiled is not faster."""
+    cold_seconds: float  # first call, fresh process, empty caches: a reader's first run
+    warm_seconds: float  # first call, fresh process, on-disk cache kept: a rerun of the notebook
+    import_torch_seconds: float  # `import torch` in the fresh process (paid by every run, compiled or not)
+    cold_process_seconds: float  # the whole cold child process, interpreter start to exit
+    warm_process_seconds: float
+    compiled: Callable[[], object] = field(repr=False, compare=False)
+    namespace: dict = field(repr=False, compare=False)
+
+    def first_call_seconds(self, cache: str = "cold") -> float:
+        """The first call's seconds with ``cache`` "cold" (empty caches) or "warm" (on-disk cache kept)."""
+        if cache not in ("cold", "warm"):
+            raise ValueError(f"cache must be 'cold' or 'warm', got {cache!r}")
+        return self.cold_seconds if cache == "cold" else self.warm_seconds
+
+    def calls_to_pay_off(self, eager_seconds: float, compiled_seconds: float, *, cache: str = "cold") -> float | None:
+        """Calls after which compiling has paid for itself; None when the compiled call is not faster.
+
+        With ``n`` calls, compiling costs ``first + (n - 1) * compiled`` against ``n * eager``: it pays
+        off from ``n = (first - compiled) / (eager - compiled)`` on, ``first`` being the fresh process's
+        first call (``cache`` "cold" or "warm").
+
+        Raises:
+            TypeError / ValueError: times that are not positive numbers, or an unknown ``cache``.
+        """
+        for name, value in (("eager_seconds", eager_seconds), ("compiled_seconds", compiled_seconds)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"{name} must be a number of seconds, got {value!r}")
+            if not value > 0 or not math.isfinite(value):
+                raise ValueError(f"{name} must be positive, got {value!r}")
+        first = self.first_call_seconds(cache)
         saved = eager_seconds - compiled_seconds
-        return self.cold_seconds / saved if saved > 0 else None
+        if saved <= 0:
+            return None
+        return max(first - compiled_seconds, 0.0) / saved
 
     def __repr__(self) -> str:
         return (
-            f"CompileCost(first call with empty caches {format_seconds(self.cold_seconds)}, "
-            f"with a warm on-disk cache {format_seconds(self.warm_seconds)})"
+            f"CompileCost(first call in a fresh process: {format_seconds(self.cold_seconds)} with empty caches, "
+            f"{format_seconds(self.warm_seconds)} with a warm on-disk cache; import torch "
+            f"{format_seconds(self.import_torch_seconds)})"
         )
 
     def _repr_html_(self) -> str:
         return f"<code>{html.escape(repr(self))}</code>"
 
+    def to_dict(self) -> dict:
+        return {
+            "cold_first_call_s": self.cold_seconds,
+            "warm_first_call_s": self.warm_seconds,
+            "import_torch_s": self.import_torch_seconds,
+            "cold_process_s": self.cold_process_seconds,
+            "warm_process_s": self.warm_process_seconds,
+        }
+
+
+def _run_child(setup: str, call: str, device: torch.device, cache_folder: str, timeout: float) -> tuple[dict, float]:
+    """One fresh interpreter: import torch, run ``setup``, time the first ``call``. Returns (timings, wall)."""
+    env = dict(os.environ)
+    env[_CACHE_ENV_VAR] = cache_folder
+    env[_TRITON_CACHE_ENV_VAR] = os.path.join(cache_folder, "triton")
+    env["PYTHONUNBUFFERED"] = "1"
+    spec = {
+        "setup": setup,
+        "call": call,
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+        "marker": _RESULT_MARKER,
+    }
+    start = time.perf_counter()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _CHILD],
+            input=json.dumps(spec),
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired as err:
+        raise RuntimeError(f"compile_cost: the fresh process did not finish within {timeout:.0f} s") from err
+    wall = time.perf_counter() - start
+    for line in done.stdout.splitlines():
+        if line.startswith(_RESULT_MARKER):
+            return json.loads(line[len(_RESULT_MARKER) :]), wall
+    tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
+    raise RuntimeError(f"compile_cost: the fresh process failed (exit code {done.returncode}):\n{tail}")
+
 
 def compile_cost(
-    make_compiled: Callable[[], Callable[[], object]],
+    setup: str,
+    call: str,
     *,
     device: str | torch.device | None = None,
-) -> tuple[Callable[[], object], CompileCost]:
-    """Time the first call of a compiled function twice: from empty caches, then from a warm disk cache.
+    timeout: float = 900.0,
+) -> CompileCost:
+    """Time the first compiled call in fresh processes, cold and warm, and build the same call here.
 
     Args:
-        make_compiled: builds the zero-argument callable to time, e.g.
-            ``lambda: (lambda f=torch.compile(fn): f(x))``; called twice, once per measurement.
-        device: whose queue is synchronized around each first call (default ``pick_device()``).
+        setup: self-contained Python source that builds the inputs and calls ``torch.compile``, e.g.
+            ``"import torch\\nx = torch.randn(1000)\\nf = torch.compile(torch.sin)"``. It runs in each
+            fresh process and once in this one, with ``DEVICE`` (the chosen ``torch.device``) predefined.
+            It may import ``tricks_lib``; it cannot see the caller's variables.
+        call: an expression evaluated in setup's namespace, the call to time, e.g. ``"f(x)"``.
+        device: whose queue is synchronized around the first call (default ``pick_device()``).
+        timeout: seconds each fresh process may take at most.
 
     Returns:
-        The callable built for the warm measurement (already compiled, ready for ``compare``) and
-        the ``CompileCost``.
+        A ``CompileCost``; its ``compiled`` runs ``call`` in this process (compiled against the warm
+        cache and called once, so ready for ``compare``), its ``namespace`` holds setup's objects.
 
     Raises:
-        TypeError: ``make_compiled`` is not callable or does not return a callable.
-        Whatever ``torch.compile`` raises where it cannot run (no C++ compiler, unsupported platform).
+        TypeError: ``setup`` or ``call`` is not a string.
+        ValueError: ``call`` is empty or not an expression, or ``timeout`` is not positive.
+        RuntimeError: a fresh process failed (the message ends with its error) or timed out.
+        Whatever ``torch.compile`` raises in this process where it cannot run.
     """
-    if not callable(make_compiled):
-        raise TypeError("make_compiled must be a function that returns the compiled zero-argument callable")
-    with fresh_compile_cache():
-        cold_fn = make_compiled()
-        if not callable(cold_fn):
-            raise TypeError(f"make_compiled() must return a callable, got {type(cold_fn).__name__}")
-        cold = time_first_call(cold_fn, device=device)
-        folder = os.environ[_CACHE_ENV_VAR]
-        # Same on-disk cache, graphs forgotten in memory: what the next run of the notebook pays.
-        torch._dynamo.reset()
-        os.environ[_CACHE_ENV_VAR] = folder
-        warm_fn = make_compiled()
-        warm = time_first_call(warm_fn, device=device)
-    return warm_fn, CompileCost(cold_seconds=cold, warm_seconds=warm)
+    if not isinstance(setup, str):
+        raise TypeError(f"setup must be Python source code (a str), got {type(setup).__name__}")
+    if not isinstance(call, str):
+        raise TypeError(f"call must be an expression (a str) such as 'f(x)', got {type(call).__name__}")
+    if not call.strip():
+        raise ValueError("call is empty: pass the expression to time, e.g. 'f(x)'")
+    try:
+        call_code = compile(call.strip(), "<compile_cost call>", "eval")
+    except SyntaxError as err:
+        raise ValueError(f"call must be a single expression such as 'f(x)': {err}") from err
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    setup = textwrap.dedent(setup)
+    dev = pick_device(device) if device is not None else pick_device()
+    with fresh_compile_cache() as folder:
+        cold, cold_wall = _run_child(setup, call.strip(), dev, folder, timeout)
+        warm, warm_wall = _run_child(setup, call.strip(), dev, folder, timeout)
+        # This process compiles against the cache the children filled: the steady state is what the
+        # comparison needs, not this in-process first call (which would be neither cold nor a rerun).
+        namespace: dict = {"DEVICE": dev, "__name__": "__compile_cost__"}
+        exec(compile(setup, "<compile_cost setup>", "exec"), namespace)
+
+        def compiled() -> object:
+            return eval(call_code, namespace)
+
+        time_first_call(compiled, device=dev)
+    return CompileCost(
+        cold_seconds=cold["first_call"],
+        warm_seconds=warm["first_call"],
+        import_torch_seconds=cold["import_torch"],
+        cold_process_seconds=cold_wall,
+        warm_process_seconds=warm_wall,
+        compiled=compiled,
+        namespace=namespace,
+    )

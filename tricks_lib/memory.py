@@ -120,6 +120,60 @@ def _storage_key_and_bytes(t: torch.Tensor) -> tuple[tuple, int]:
     return (t.device.type, t.device.index, storage.data_ptr()), storage.nbytes()
 
 
+class _LiveSaved:
+    """Bytes of the saved storages that some autograd graph still holds, and their running maximum."""
+
+    def __init__(self) -> None:
+        self.holders: dict[tuple, list[int]] = {}  # storage key -> [bytes, graphs' references to it]
+        self.bytes = 0
+        self.peak = 0
+        self.closed = False
+
+    def hold(self, key: tuple, nbytes: int) -> None:
+        if self.closed:
+            return
+        entry = self.holders.get(key)
+        if entry is None:
+            self.holders[key] = [nbytes, 1]
+            self.bytes += nbytes
+            self.peak = max(self.peak, self.bytes)
+        else:
+            entry[1] += 1
+
+    def release(self, key: tuple) -> None:
+        if self.closed:
+            return
+        entry = self.holders.get(key)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] == 0:
+            del self.holders[key]
+            self.bytes -= entry[0]
+
+    def close(self) -> None:
+        self.closed = True
+        self.holders.clear()
+
+
+class _Packed:
+    """What autograd stores for one saved tensor while ``measure_memory`` counts.
+
+    Autograd drops it when it frees the graph's saved variables (after backward, or when the graph
+    dies with its outputs); that moment, not the storage's death, ends the tensor's life as saved
+    memory. While a ``_Packed`` holds the tensor, its storage is alive, so its key cannot be reused.
+    """
+
+    __slots__ = ("key", "live", "tensor", "version")
+
+    def __init__(self, tensor: torch.Tensor, version: int, key: tuple | None, live: _LiveSaved) -> None:
+        self.tensor, self.version, self.key, self.live = tensor, version, key, live
+
+    def __del__(self) -> None:
+        if self.key is not None:
+            self.live.release(self.key)
+
+
 def measure_memory(
     fn: Callable[[], object],
     *,
@@ -152,35 +206,28 @@ def measure_memory(
     # freed during the call and a new one reuses its address: that one is new and counted again.
     # Weak, so the measurement never keeps memory alive that the call itself would free.
     seen: dict[tuple, weakref.ref | None] = {}
-    # Saved bytes still alive, and their maximum: a loop of forward/backward passes (gradient
-    # accumulation) frees each pass's activations before the next, so its peak is one pass's worth.
-    live = {"bytes": 0, "peak": 0}
-    finalizers: list[weakref.finalize] = []
+    # Saved bytes that autograd holds right now, and their maximum. A saved tensor counts from the
+    # moment autograd saves it until the graph that holds it is freed (backward ran, or the output
+    # died), not until its storage dies: inputs the caller keeps alive (a list of batches) are no
+    # longer held for backward once their step is done. A storage saved by several nodes counts once.
+    live = _LiveSaved()
 
-    def release(nbytes: int) -> None:
-        live["bytes"] -= nbytes
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
+    def pack(t: torch.Tensor) -> _Packed:
+        key = None
         if not _is_parameter_or_copy(t):
             key, nbytes = _storage_key_and_bytes(t)
             ref = seen.get(key, False)
             if ref is False or (ref is not None and ref() is None):
                 counted.append(nbytes)
-                live["bytes"] += nbytes
-                live["peak"] = max(live["peak"], live["bytes"])
-                if key[0] == "tensor":
-                    seen[key] = None
-                else:
-                    storage = t.untyped_storage()
-                    seen[key] = weakref.ref(storage)
-                    finalizers.append(weakref.finalize(storage, release, nbytes))
+                seen[key] = None if key[0] == "tensor" else weakref.ref(t.untyped_storage())
+            live.hold(key, nbytes)
         # Detached: returning the tensor itself would make a reference cycle through autograd's C++
         # graph that the garbage collector cannot break (the graph would never be freed).
         # The version is kept because autograd skips its own in-place check for hooked tensors.
-        return t.detach(), t._version
+        return _Packed(t.detach(), t._version, key, live)
 
-    def unpack(packed: tuple[torch.Tensor, int]) -> torch.Tensor:
-        t, version = packed
+    def unpack(packed: _Packed) -> torch.Tensor:
+        t, version = packed.tensor, packed.version
         if t._version != version:
             raise RuntimeError(
                 "one of the variables needed for gradient computation has been modified by an inplace "
@@ -196,10 +243,11 @@ def measure_memory(
         torch.cuda.synchronize(dev)
         torch.cuda.reset_peak_memory_stats(dev)
         before = torch.cuda.memory_allocated(dev)
-    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-        fn()
-    for finalizer in finalizers:
-        finalizer.detach()  # the call is over: storages freed later are none of this report's business
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            fn()
+    finally:
+        live.close()  # the call is over: graphs freed later are none of this report's business
     peak_alloc = peak_reserved = None
     if cuda:
         torch.cuda.synchronize(dev)
@@ -210,7 +258,7 @@ def measure_memory(
         device=str(dev),
         saved_bytes=sum(counted),
         saved_tensors=len(counted),
-        peak_saved_bytes=live["peak"],
+        peak_saved_bytes=live.peak,
         peak_allocated_bytes=peak_alloc,
         peak_reserved_bytes=peak_reserved,
         allocated_before_bytes=before,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tricks_lib.bench import Comparison, Measurement
+from tricks_lib.compiling import CompileCost
 from tricks_lib.env import describe
 from tricks_lib.memory import MemoryReport
 
@@ -29,7 +30,7 @@ class Record:
 
     notebook: str
     trick: str
-    kind: str  # "comparison" | "measurement" | "memory"
+    kind: str  # "comparison" | "measurement" | "memory" | "compile"
     rows: tuple[dict, ...]
     device: str
     machine: str  # describe().summary() of the machine that measured it
@@ -48,22 +49,25 @@ class Record:
         return f"Record({self.trick!r}, {self.kind}, {len(self.rows)} rows, {self.device})"
 
 
-def _rows_of(result: Comparison | Measurement | MemoryReport) -> tuple[str, tuple[dict, ...], str]:
+def _rows_of(result: Comparison | Measurement | MemoryReport | CompileCost) -> tuple[str, tuple[dict, ...], str]:
     if isinstance(result, Comparison):
         return "comparison", tuple(r.to_dict() for r in result.rows), result.device
     if isinstance(result, Measurement):
         return "measurement", (result.to_dict(),), result.device
     if isinstance(result, MemoryReport):
         return "memory", (result.to_dict(),), result.device
+    if isinstance(result, CompileCost):
+        device = result.namespace.get("DEVICE")
+        return "compile", (result.to_dict(),), str(device) if device is not None else "unknown"
     raise TypeError(
-        f"record() takes a Comparison, Measurement or MemoryReport, got {type(result).__name__}; "
+        f"record() takes a Comparison, Measurement, MemoryReport or CompileCost, got {type(result).__name__}; "
         "time with tricks_lib.bench or measure with tricks_lib.memory first"
     )
 
 
 def record(
     trick: str,
-    result: Comparison | Measurement | MemoryReport,
+    result: Comparison | Measurement | MemoryReport | CompileCost,
     *,
     notebook: str | None = None,
 ) -> Record:

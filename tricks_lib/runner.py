@@ -30,6 +30,8 @@ from tricks_lib.results import NOTEBOOK_ENV_VAR, RESULTS_ENV_VAR, Record, load_r
 __all__ = ["NotebookRun", "find_notebooks", "local_path_pattern", "run_notebooks", "write_summary"]
 
 CURRENT_ENV_KERNEL = "python3"
+CUBLAS_ENV_VAR = "CUBLAS_WORKSPACE_CONFIG"
+CUBLAS_DETERMINISTIC_CONFIG = ":4096:8"
 
 
 class _CurrentEnvKernelSpecs(KernelSpecManager):
@@ -206,10 +208,14 @@ def run_notebooks(
     executed_dir.mkdir(exist_ok=True)
     records_path = out_dir / "records.jsonl"
     records_path.write_text("", encoding="utf-8")
-    saved_env = {k: os.environ.get(k) for k in (QUICK_ENV_VAR, RESULTS_ENV_VAR, NOTEBOOK_ENV_VAR)}
+    saved_env = {k: os.environ.get(k) for k in (QUICK_ENV_VAR, RESULTS_ENV_VAR, NOTEBOOK_ENV_VAR, CUBLAS_ENV_VAR)}
     runs = []
     try:
         os.environ[QUICK_ENV_VAR] = "1" if quick else "0"
+        # cuBLAS reads this once, at the first cuBLAS call of a process: it must be in the kernel's
+        # environment from the start for 07's deterministic mode to work on CUDA. It only fixes the
+        # workspace size (a few MiB), so setting it for every notebook costs nothing measurable.
+        os.environ.setdefault(CUBLAS_ENV_VAR, CUBLAS_DETERMINISTIC_CONFIG)
         os.environ[RESULTS_ENV_VAR] = str(records_path.resolve())
         for path in paths:
             os.environ[NOTEBOOK_ENV_VAR] = path.stem
@@ -256,6 +262,17 @@ def _fmt_time(seconds: float | None) -> str:
 def _summary_rows(records: Sequence[Record]) -> list[dict]:
     rows = []
     for rec in records:
+        if rec.kind == "compile":
+            for row in rec.rows:
+                for variant, key in (("first call, empty caches", "cold_first_call_s"),
+                                     ("first call, warm on-disk cache", "warm_first_call_s"),
+                                     ("import torch", "import_torch_s")):
+                    rows.append({"notebook": rec.notebook, "trick": rec.trick, "variant": variant,
+                                 "median_s": row.get(key), "iqr_s": None, "speedup": None,
+                                 "verdict": "one fresh process each", "items_per_second": None,
+                                 "saved_bytes": None, "peak_saved_bytes": None, "peak_allocated_bytes": None,
+                                 "device": rec.device})
+            continue
         for row in rec.rows:
             memory = row.get("memory") or (row if rec.kind == "memory" else {})
             rows.append(

@@ -4,8 +4,9 @@ Built on ``torch.utils.benchmark.Timer`` (it runs the timed loops and keeps torc
 fixed); this module adds the interleaving, the verdicts and the values the notebooks display.
 
 - ``measure(fn)`` times one callable, like ``Timer.blocked_autorange``, and returns a ``Measurement``.
-- ``compare({"A": a, "B": b}, baseline="A")`` times the variants round by round (A B A B ...), so that
-  drift on a shared machine hits them alike, and says "1.8x faster" or "not significant".
+- ``compare({"A": a, "B": b}, baseline="A")`` times the variants round by round, in an order shuffled
+  per round, so that drift on a shared machine hits them alike and no variant always goes first, and
+  says "1.8x faster" or "not significant".
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ import statistics
 import torch
 from torch.utils.benchmark import Timer
 
-from tricks_lib.bench import _make_timer, _run_block, measure
+from tricks_lib.bench import measure
+from tricks_lib.timing import _make_timer, _run_block
 from tricks_lib.env import describe, pick_device
 
 

@@ -7,7 +7,8 @@ import time
 import pytest
 import torch
 
-from tricks_lib.bench import Comparison, Measurement, _median_interval, compare, format_seconds, measure, time_first_call
+from tricks_lib.bench import Comparison, Measurement, compare, format_seconds, measure, time_first_call
+from tricks_lib.stats import median_interval
 
 
 def busy(seconds):
@@ -41,7 +42,7 @@ def test_measure_items_per_second_and_repr():
 
 
 def test_measure_runs_warmup_before_timing(monkeypatch):
-    import tricks_lib.bench as bench
+    import tricks_lib.timing as bench
 
     calls = []
     calls_when_timing_starts = []
@@ -102,7 +103,7 @@ def test_variant_order_is_shuffled_per_round_and_seeded():
 def test_a_position_effect_is_not_read_as_a_speedup(monkeypatch):
     # The first block of every round is 10% slower (a cold cache, a frequency step). With a fixed
     # order the variant that always runs first looks 1.10x slower than its identical twin.
-    import tricks_lib.bench as bench
+    import tricks_lib.timing as bench
 
     blocks = []
 
@@ -186,7 +187,7 @@ def fake_clock(monkeypatch, seconds_per_call, noise=0.01, seed=0):
     Tests the statistics deterministically, whatever else the machine is doing."""
     import random
 
-    import tricks_lib.bench as bench
+    import tricks_lib.timing as bench
 
     rng = random.Random(seed)
 
@@ -255,9 +256,9 @@ def test_compare_with_memory_column():
     assert "saved for backward" in c.to_markdown()
 
 
-def test_median_interval():
-    assert _median_interval([1.0, 2.0, 3.0], 0.99) is None  # too few values for 99%
-    lo, hi = _median_interval([float(i) for i in range(1, 31)], 0.99)
+def testmedian_interval():
+    assert median_interval([1.0, 2.0, 3.0], 0.99) is None  # too few values for 99%
+    lo, hi = median_interval([float(i) for i in range(1, 31)], 0.99)
     assert lo < 15.5 < hi
     assert lo >= 1 and hi <= 30
 
@@ -312,7 +313,7 @@ def test_measurement_rejects_bad_times():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_every_timed_block_is_bracketed_by_cuda_syncs(monkeypatch):
-    import tricks_lib.bench as bench
+    import tricks_lib.timing as bench
 
     syncs = []
     real_sync = torch.cuda.synchronize

@@ -16,21 +16,9 @@ from dataclasses import dataclass
 import torch
 
 from tricks_lib.env import pick_device
+from tricks_lib.formatting import format_bytes
 
 __all__ = ["MemoryReport", "StateBytes", "format_bytes", "measure_memory", "model_state_bytes"]
-
-
-def format_bytes(n: int | float | None) -> str:
-    """Bytes with a binary unit: ``format_bytes(1536) == '1.50 KiB'``; ``'-'`` for None."""
-    if n is None:
-        return "-"
-    sign = "-" if n < 0 else ""
-    n = abs(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{sign}{n:.0f} {unit}" if unit == "B" else f"{sign}{n:.2f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from tricks_lib.bench import Comparison
+    from tricks_lib.measurements import Comparison
 
 __all__ = ["metric_vs_size", "speedup_bars"]
 
@@ -22,9 +22,8 @@ def _axes(ax):
 
 def speedup_bars(comparison: Comparison, ax=None):
     """Horizontal bars of each variant's median time, whiskers spanning its IQR, verdicts as labels."""
-    from tricks_lib.bench import Comparison
-
-    if not isinstance(comparison, Comparison):
+    # Read by shape, not by type: this module imports no result type, so the results can import it.
+    if not all(hasattr(comparison, a) for a in ("rows", "baseline", "rounds")):
         raise TypeError(f"speedup_bars needs a Comparison from tricks_lib.bench.compare, got {type(comparison).__name__}")
     ax = _axes(ax)
     rows = list(comparison.rows)

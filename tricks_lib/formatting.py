@@ -1,0 +1,52 @@
+"""Formatting for people: seconds and bytes with readable units, and Markdown/HTML tables.
+
+A leaf module: it imports nothing from tricks_lib, so every other module (and a reader's code) can
+use it without pulling in torch or the harness.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Sequence
+
+__all__ = ["format_bytes", "format_seconds", "html_table", "markdown_table"]
+
+
+def format_seconds(seconds: float) -> str:
+    """A time with a readable unit: ``format_seconds(0.00123) == '1.23 ms'``."""
+    if not math.isfinite(seconds):
+        return str(seconds)
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if abs(seconds) >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds / 1e-9:.3g} ns"
+
+
+def format_bytes(n: int | float | None) -> str:
+    """Bytes with a binary unit: ``format_bytes(1536) == '1.50 KiB'``; ``'-'`` for None."""
+    if n is None:
+        return "-"
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{sign}{n:.0f} {unit}" if unit == "B" else f"{sign}{n:.2f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]], caption: str | None = None) -> str:
+    """A Markdown table (pipes in cells escaped), with an optional caption line above it."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in row) + " |" for row in rows]
+    table = "\n".join(lines)
+    return f"{caption}\n\n{table}" if caption else table
+
+
+def html_table(header: Sequence[str], rows: Sequence[Sequence[str]], caption: str | None = None) -> str:
+    """An HTML table with every cell escaped, and an optional caption."""
+    th = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    trs = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
+    cap = f"<caption>{html.escape(caption)}</caption>" if caption else ""
+    return f"<table>{cap}<tr>{th}</tr>{trs}</table>"

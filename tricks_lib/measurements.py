@@ -1,0 +1,258 @@
+"""Result types of the timing harness: values that know their statistics and render themselves.
+
+- ``Measurement``: the per-call times of one callable's timed blocks, their median and IQR.
+- ``ComparisonRow``: one variant of a comparison read against a reference.
+- ``Comparison``: variants timed interleaved against a named baseline; renders as Markdown/HTML.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from tricks_lib.formatting import format_bytes, format_seconds, html_table, markdown_table
+from tricks_lib.stats import CONFIDENCE, MIN_BLOCKS_FOR_SPREAD, NOISE_THRESHOLD, paired_speedup
+
+if TYPE_CHECKING:
+    from tricks_lib.memory import MemoryReport
+
+__all__ = ["Comparison", "ComparisonRow", "Measurement"]
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """The timing of one callable: per-call times of each timed block, and their statistics.
+
+    ``times`` holds one entry per timed block (seconds per call, the block's time divided by
+    ``number_per_block``); ``median`` and ``iqr`` summarize them.
+    """
+
+    label: str
+    times: tuple[float, ...]
+    number_per_block: int
+    device: str
+    num_threads: int
+    items: int | None = None
+    median: float = field(init=False)
+    iqr: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        if not self.times:
+            raise ValueError("a Measurement needs at least one timed block")
+        if any(t < 0 or not math.isfinite(t) for t in self.times):
+            raise ValueError("block times must be finite and non-negative")
+        if self.items is not None and self.items <= 0:
+            raise ValueError("items must be a positive count of things processed per call")
+        arr = np.asarray(self.times, dtype=float)
+        object.__setattr__(self, "median", float(np.median(arr)))
+        object.__setattr__(self, "iqr", float(np.percentile(arr, 75) - np.percentile(arr, 25)))
+
+    @property
+    def relative_spread(self) -> float:
+        """IQR / median (0 for a zero median)."""
+        return self.iqr / self.median if self.median > 0 else 0.0
+
+    @property
+    def has_spread(self) -> bool:
+        """True when there are enough timed blocks (``MIN_BLOCKS_FOR_SPREAD``) for the IQR to mean something."""
+        return len(self.times) >= MIN_BLOCKS_FOR_SPREAD
+
+    @property
+    def noisy(self) -> bool:
+        """True when the spread is large against the median, or unknown: read such a number with care.
+
+        A measurement with too few blocks to estimate its spread is never reported as quiet.
+        """
+        return not self.has_spread or self.relative_spread > NOISE_THRESHOLD
+
+    @property
+    def items_per_second(self) -> float | None:
+        if self.items is None or self.median <= 0:
+            return None
+        return self.items / self.median
+
+    def __repr__(self) -> str:
+        rate = f", {self.items_per_second:,.0f} items/s" if self.items_per_second else ""
+        if not self.has_spread:
+            spread, noise = "no spread estimate", ""
+        else:
+            spread, noise = f"IQR {format_seconds(self.iqr)}", (", noisy" if self.noisy else "")
+        return (
+            f"Measurement({self.label!r}: median {format_seconds(self.median)}, "
+            f"{spread}{rate}, {len(self.times)} blocks x {self.number_per_block}, "
+            f"{self.device}, {self.num_threads} threads{noise})"
+        )
+
+    def _repr_html_(self) -> str:
+        return f"<code>{html.escape(repr(self))}</code>"
+
+    def to_dict(self) -> dict:
+        return {
+            "label": self.label,
+            "median_s": self.median,
+            "iqr_s": self.iqr,
+            "blocks": len(self.times),
+            "number_per_block": self.number_per_block,
+            "items_per_second": self.items_per_second,
+            "noisy": self.noisy,
+            "has_spread": self.has_spread,
+            "device": self.device,
+            "num_threads": self.num_threads,
+        }
+
+
+def _finite_or_none(x: float) -> float | None:
+    """JSON has no NaN or infinity: such values are written as null."""
+    return x if math.isfinite(x) else None
+
+
+@dataclass(frozen=True)
+class ComparisonRow:
+    """One variant of a comparison, read against the baseline."""
+
+    name: str
+    measurement: Measurement
+    speedup: float  # baseline time / this time (per item when items differ): > 1 means faster
+    ci_low: float  # confidence interval of the paired per-round speedup
+    ci_high: float
+    significant: bool
+    is_baseline: bool
+    memory: MemoryReport | None = None
+    # Set when this variant was declared to do strictly more work than another (``compare(more_work=)``)
+    # yet came out significantly faster than it: an artifact of the measurement, not a speedup.
+    suspect: str | None = None
+
+    @property
+    def verdict(self) -> str:
+        if self.is_baseline:
+            verdict = "baseline"
+        elif not self.significant:
+            verdict = "not significant"
+        elif self.speedup >= 1:
+            verdict = f"{self.speedup:.2f}x faster"
+        else:
+            verdict = f"{1 / self.speedup:.2f}x slower"
+        return f"{verdict} (suspect: {self.suspect})" if self.suspect else verdict
+
+    def to_dict(self) -> dict:
+        out = {"variant": self.name, **self.measurement.to_dict()}
+        out.update(
+            speedup=_finite_or_none(self.speedup),
+            speedup_ci=[_finite_or_none(self.ci_low), _finite_or_none(self.ci_high)],
+            significant=self.significant,
+            verdict=self.verdict,
+            suspect=self.suspect,
+        )
+        if self.memory is not None:
+            out["memory"] = self.memory.to_dict()
+        return out
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Variants timed interleaved round by round against a named baseline."""
+
+    label: str
+    baseline: str
+    rows: tuple[ComparisonRow, ...]
+    rounds: int
+    device: str
+    num_threads: int
+    min_effect: float
+    per_item: bool = False  # speedups compare time per item (variants process different counts)
+
+    def __getitem__(self, name: str) -> ComparisonRow:
+        for row in self.rows:
+            if row.name == name:
+                return row
+        raise KeyError(f"no variant {name!r}; variants are {[r.name for r in self.rows]}")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(r.name for r in self.rows)
+
+    def versus(self, name: str, reference: str) -> ComparisonRow:
+        """Variant ``name`` read against ``reference`` instead of the baseline, from the same paired rounds.
+
+        Raises:
+            KeyError: either name is not a variant.
+        """
+        row, ref = self[name], self[reference]
+        items = (row.measurement.items, ref.measurement.items) if self.per_item else (1, 1)
+        speedup, lo, hi, significant = paired_speedup(
+            ref.measurement.times, row.measurement.times, items[1], items[0], self.min_effect
+        )
+        if name == reference:
+            speedup, lo, hi, significant = 1.0, 1.0, 1.0, False
+        return dataclasses.replace(
+            row, speedup=speedup, ci_low=lo, ci_high=hi, significant=significant, is_baseline=name == reference
+        )
+
+    def _table(self) -> tuple[list[str], list[list[str]]]:
+        with_items = any(r.measurement.items is not None for r in self.rows)
+        with_memory = any(r.memory is not None for r in self.rows)
+        header = ["variant", "median", "IQR", "speedup", "verdict"]
+        if with_items:
+            header.insert(3, "items/s")
+        if with_memory:
+            header += ["saved for backward", "peak allocated"]
+        body = []
+        for r in self.rows:
+            m = r.measurement
+            cells = [r.name, format_seconds(m.median), format_seconds(m.iqr), f"{r.speedup:.2f}x", r.verdict]
+            if not m.has_spread:
+                cells[2] = f"- ({len(m.times)} block{'s' if len(m.times) > 1 else ''}: no spread estimate)"
+            elif m.noisy:
+                cells[2] += " (noisy)"
+            if with_items:
+                cells.insert(3, f"{m.items_per_second:,.0f}" if m.items_per_second else "-")
+            if with_memory:
+                mem = r.memory
+                saved = format_bytes(mem.saved_bytes) if mem else "-"
+                if mem and mem.peak_saved_bytes != mem.saved_bytes:
+                    saved += f" (at most {format_bytes(mem.peak_saved_bytes)} at once)"
+                cells.append(saved)
+                peak = mem.peak_allocated_bytes if mem else None
+                cells.append(format_bytes(peak) if peak is not None else f"n/a ({self.device})")
+            body.append(cells)
+        return header, body
+
+    def _caption(self) -> str:
+        return (
+            f"{self.label}: {self.rounds} interleaved rounds on {self.device}, {self.num_threads} threads; "
+            f"'significant' = the {CONFIDENCE:.0%} paired interval of the speedup lies at least "
+            f"{self.min_effect:.0%} away from 1x; variant order shuffled per round"
+            + ("; speedup per item, since the variants process different numbers of items" if self.per_item else "")
+        )
+
+    def to_markdown(self) -> str:
+        header, body = self._table()
+        return markdown_table(header, body, caption=self._caption())
+
+    def _repr_html_(self) -> str:
+        header, body = self._table()
+        return html_table(header, body, caption=self._caption())
+
+    def __repr__(self) -> str:
+        return self.to_markdown()
+
+    def plot(self, ax=None):
+        """Bars of each variant's median time with its IQR; returns the matplotlib Axes."""
+        from tricks_lib.plot import speedup_bars
+
+        return speedup_bars(self, ax=ax)
+
+    def to_dict(self) -> dict:
+        return {
+            "label": self.label,
+            "baseline": self.baseline,
+            "rounds": self.rounds,
+            "device": self.device,
+            "num_threads": self.num_threads,
+            "rows": [r.to_dict() for r in self.rows],
+        }

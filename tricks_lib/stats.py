@@ -1,0 +1,85 @@
+"""The statistics behind "significant": pure functions of block times, testable without a clock.
+
+A comparison pairs the per-round block times of two variants (both blocks of a round saw the same
+machine state) and reads the distribution-free interval of the median per-round speedup.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+__all__ = [
+    "CONFIDENCE",
+    "DEFAULT_MIN_EFFECT",
+    "MIN_BLOCKS_FOR_SPREAD",
+    "MIN_ROUNDS_FOR_VERDICT",
+    "NOISE_THRESHOLD",
+    "median_interval",
+    "paired_speedup",
+]
+
+# IQR/median above this marks a measurement as noisy (the same threshold torch.utils.benchmark warns at).
+NOISE_THRESHOLD = 0.10
+# Differences smaller than this are never called a speedup, however consistent: a few percent is
+# within what cache placement and frequency scaling move from run to run.
+DEFAULT_MIN_EFFECT = 0.03
+# Two-sided confidence level of the paired test behind "significant".
+CONFIDENCE = 0.99
+# The fewest paired rounds whose order-statistic interval for the median reaches CONFIDENCE.
+MIN_ROUNDS_FOR_VERDICT = 8
+# The fewest timed blocks whose IQR says anything about spread: one or two blocks have an IQR that
+# reflects how many blocks there were, not how noisy the machine is.
+MIN_BLOCKS_FOR_SPREAD = 3
+
+
+def median_interval(values: list[float], confidence: float) -> tuple[float, float] | None:
+    """Distribution-free confidence interval for the median (order statistics of a binomial).
+
+    None when there are too few values to reach ``confidence`` at all.
+    """
+    n = len(values)
+    xs = sorted(values)
+    alpha = 1.0 - confidence
+    # Largest k with P(Binom(n, 1/2) < k) <= alpha/2: then [x_(k), x_(n-k+1)] covers the median.
+    cdf, k = 0.0, 0
+    for j in range(n + 1):
+        p = math.comb(n, j) / 2.0**n
+        if cdf + p > alpha / 2:
+            break
+        cdf += p
+        k = j + 1
+    if k == 0:
+        return None
+    return xs[k - 1], xs[n - k]
+
+
+def paired_speedup(
+    base_times: Sequence[float],
+    times: Sequence[float],
+    base_items: int,
+    items: int,
+    min_effect: float,
+) -> tuple[float, float, float, bool]:
+    """Speedup of a variant over a reference from their paired per-round block times.
+
+    Returns (ratio of medians, interval low, interval high, significant). The interval is the
+    ``CONFIDENCE`` distribution-free interval of the median per-round speedup; "significant" needs the
+    whole interval at least ``min_effect`` away from 1x and the ratio of medians on the same side: a
+    steady bias of a percent or two is consistent enough to exclude 1x, yet it is not a speedup.
+    Times are divided by the items each call processed, so different batch sizes compare by throughput.
+    """
+    base_median = float(np.median(base_times)) / base_items
+    median = float(np.median(times)) / items
+    speedup = base_median / median if median > 0 else math.inf
+    # Paired per-round log speedups: both blocks of a round saw the same machine state.
+    logs = [math.log((b / base_items) / (v / items)) for b, v in zip(base_times, times) if b > 0 and v > 0]
+    interval = median_interval(logs, CONFIDENCE)
+    if interval is None:
+        return speedup, math.nan, math.nan, False
+    lo, hi = math.exp(interval[0]), math.exp(interval[1])
+    faster, slower = 1.0 + min_effect, 1.0 / (1.0 + min_effect)
+    significant = (lo >= faster and speedup >= faster) or (hi <= slower and speedup <= slower)
+    return speedup, lo, hi, significant

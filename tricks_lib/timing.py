@@ -1,0 +1,459 @@
+"""Timing done right: warm-up, device sync, repeats, median and spread, interleaved A/B comparisons.
+
+Built on ``torch.utils.benchmark.Timer`` (it runs the timed loops and keeps torch's thread count
+fixed); this module adds the interleaving and the verdicts. Read top to bottom:
+
+- ``measure(fn)`` times one callable, like ``Timer.blocked_autorange``, with at least 3 blocks.
+- ``time_first_call(fn)`` times one call on purpose: a first-call cost.
+- ``compare({"A": a, "B": b}, baseline="A")`` checks its arguments, runs rounds (one block of every
+  variant per round, in a shuffled order), and reads the rows: "1.8x faster" or "not significant".
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import timeit
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from tricks_lib._validate import check_callable, check_flag, check_non_negative_int, check_positive
+from tricks_lib.env import pick_device, quick_mode
+from tricks_lib.measurements import Comparison, ComparisonRow, Measurement
+from tricks_lib.stats import (
+    CONFIDENCE,
+    DEFAULT_MIN_EFFECT,
+    MIN_BLOCKS_FOR_SPREAD,
+    MIN_ROUNDS_FOR_VERDICT,
+    paired_speedup,
+)
+
+if TYPE_CHECKING:
+    from tricks_lib.memory import MemoryReport
+
+__all__ = ["compare", "measure", "time_first_call"]
+
+
+def _import_timer():
+    # torch.utils.benchmark imports cpp_extension, which logs a CUDA_HOME warning on machines with a
+    # CUDA toolkit but no GPU. Silence that one import without leaving the logger changed.
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        from torch.utils.benchmark import Timer
+    finally:
+        logger.setLevel(level)
+    return Timer
+
+
+Timer = _import_timer()
+
+
+def _default_min_run_time() -> float:
+    # Quick mode only has to show that the code runs; full mode gives stable medians.
+    return 0.05 if quick_mode() else 0.5
+
+
+def _synced_timer(device: torch.device) -> Callable[[], float]:
+    """A clock that first waits for the device's queued work, so GPU kernels are fully counted."""
+    if device.type == "cuda":
+
+        def cuda_timer() -> float:
+            torch.cuda.synchronize(device)
+            return timeit.default_timer()
+
+        return cuda_timer
+    if device.type == "mps":
+
+        def mps_timer() -> float:
+            torch.mps.synchronize()
+            return timeit.default_timer()
+
+        return mps_timer
+    return timeit.default_timer
+
+
+def _make_timer(fn: Callable[[], object], device: torch.device, label: str) -> Timer:
+    # num_threads: Timer defaults to 1 thread; keep the caller's setting so we time what they run.
+    return Timer(
+        stmt="fn()",
+        globals={"fn": fn},
+        timer=_synced_timer(device),
+        num_threads=torch.get_num_threads(),
+        label=label,
+    )
+
+
+def _run_block(timer: Timer, number: int) -> float:
+    """Seconds for ``number`` back-to-back calls, without Timer.timeit's extra warm-up calls."""
+    from torch.utils.benchmark.utils import common
+
+    with common.set_torch_threads(timer._task_spec.num_threads):
+        return timer._timeit(number)
+
+
+def _warm_up(fn: Callable[[], object], device: torch.device, calls: int) -> None:
+    for _ in range(calls):
+        fn()
+    clock = _synced_timer(device)
+    clock()  # drain queued device work so it is not billed to the first timed block
+
+
+def _progress_bar(enabled: bool, total: int | None, desc: str):
+    """A tqdm.auto bar (a widget in notebooks, text elsewhere), or None when disabled."""
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, leave=False)
+
+
+def measure(
+    fn: Callable[[], object],
+    *,
+    label: str | None = None,
+    items: int | None = None,
+    min_run_time: float | None = None,
+    device: str | torch.device | None = None,
+    warmup: int = 1,
+    min_blocks: int = MIN_BLOCKS_FOR_SPREAD,
+    progress: bool = False,
+) -> Measurement:
+    """Time ``fn()``: warm-up calls, then ``Timer.blocked_autorange`` with the device synchronized.
+
+    Args:
+        fn: a zero-argument callable doing the work once.
+        label: a name for the result (default: the callable's name).
+        items: things processed per call (samples, images); gives ``items_per_second``.
+        min_run_time: seconds of timed calls at least (default 0.05 in quick mode, 0.5 otherwise).
+        device: whose queue is synchronized around each timed block (default: ``pick_device()``).
+        warmup: untimed calls first (first-call costs: allocation, autotuning, lazy init).
+        min_blocks: timed blocks at least, even when one call outlasts ``min_run_time`` (default 3, the
+            fewest with a meaningful IQR). With fewer, the result says it has no spread estimate.
+        progress: show a progress bar over the timed blocks (tqdm.auto); off by default.
+
+    Returns:
+        A frozen ``Measurement``.
+
+    Raises:
+        TypeError / ValueError: a non-callable ``fn`` or a non-positive ``items``/``min_run_time``/``min_blocks``.
+    """
+    check_callable(fn, "fn")
+    check_positive(items, "items", integer=True)
+    check_positive(min_run_time, "min_run_time")
+    check_non_negative_int(warmup, "warmup")
+    check_positive(min_blocks, "min_blocks", allow_none=False, integer=True)
+    check_flag(progress, "progress")
+    dev = pick_device(device) if device is not None else pick_device()
+    name = label if label is not None else getattr(fn, "__name__", "fn")
+    bar = _progress_bar(progress, None, f"measuring {name}")
+    try:
+        _warm_up(fn, dev, warmup)
+        timer = _make_timer(fn, dev, name)
+        callback = (lambda number, elapsed: bar.update(1)) if bar is not None else None
+        result = timer.blocked_autorange(callback=callback, min_run_time=min_run_time or _default_min_run_time())
+        number = int(result.number_per_run)
+        times = [float(t) for t in result.times]
+        # blocked_autorange stops after one block when a call outlasts min_run_time; its IQR would be 0
+        # and the measurement would look perfectly quiet. Take the blocks a spread estimate needs.
+        while len(times) < min_blocks:
+            times.append(_run_block(timer, number) / number)
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    return Measurement(
+        label=name,
+        times=tuple(times),
+        number_per_block=number,
+        device=str(dev),
+        num_threads=torch.get_num_threads(),
+        items=items,
+    )
+
+
+def time_first_call(fn: Callable[[], object], *, device: str | torch.device | None = None) -> float:
+    """Seconds of one call of ``fn``, device synchronized before and after: a first-call cost, on purpose.
+
+    Use it for what ``measure`` deliberately hides: lazy initialization, kernel autotuning,
+    ``torch.compile``'s compilation. Only meaningful for a call that has not happened before.
+
+    Raises:
+        TypeError: ``fn`` is not callable.
+    """
+    check_callable(fn, "fn")
+    clock = _synced_timer(pick_device(device) if device is not None else pick_device())
+    start = clock()
+    fn()
+    return clock() - start
+
+
+def _calibrate(timer: Timer, target_block: float) -> int:
+    """Calls per block so that one block takes about ``target_block`` seconds (at least one call)."""
+    number = 1
+    while True:
+        elapsed = _run_block(timer, number)
+        if elapsed >= target_block or number >= 1 << 30:
+            return number
+        # Grow towards the target, at most 10x per step, so a mis-estimate stays cheap.
+        grow = target_block / max(elapsed, 1e-9)
+        number = max(number + 1, int(number * min(grow * 1.1, 10.0)))
+
+
+@dataclass(frozen=True)
+class _CompareSpec:
+    """compare()'s arguments, checked and resolved."""
+
+    variants: dict[str, Callable[[], object]]
+    baseline: str
+    items: dict[str, int | None]
+    per_item: bool
+    run_time: float
+    min_rounds: int
+    max_rounds: int
+    device: torch.device
+    warmup: int
+    number: int | None
+    min_effect: float
+    more_work: dict[str, str]
+    order_seed: int
+
+
+def _check_compare_args(
+    variants, baseline, items, min_run_time, min_rounds, max_rounds, device, warmup, number, min_effect,
+    more_work, order_seed,
+) -> _CompareSpec:
+    if not isinstance(variants, Mapping):
+        raise TypeError(f"variants must be a dict of name -> callable, got {type(variants).__name__}")
+    if not variants:
+        raise ValueError("variants is empty: pass at least the baseline, e.g. {'baseline': fn}")
+    for name, fn in variants.items():
+        if not isinstance(name, str):
+            raise TypeError(f"variant names must be strings, got {name!r}")
+        check_callable(fn, f"variant {name!r}")
+    if baseline not in variants:
+        raise ValueError(f"baseline {baseline!r} is not one of the variants {list(variants)}")
+    if isinstance(items, Mapping):
+        unknown = set(items) - set(variants)
+        if unknown:
+            raise ValueError(f"items names unknown variants {sorted(unknown)}")
+        for name, count in items.items():
+            check_positive(count, f"items[{name!r}]", allow_none=False, integer=True)
+    else:
+        check_positive(items, "items", integer=True)
+    check_positive(min_run_time, "min_run_time")
+    check_positive(min_rounds, "min_rounds", allow_none=False, integer=True)
+    if min_rounds < MIN_ROUNDS_FOR_VERDICT:
+        raise ValueError(
+            f"min_rounds must be at least {MIN_ROUNDS_FOR_VERDICT}: fewer rounds cannot give a "
+            f"{CONFIDENCE:.0%} interval, so no difference could ever be called significant"
+        )
+    check_positive(max_rounds, "max_rounds", allow_none=False, integer=True)
+    if max_rounds < min_rounds:
+        raise ValueError(f"max_rounds ({max_rounds}) must be at least min_rounds ({min_rounds})")
+    check_non_negative_int(warmup, "warmup")
+    check_positive(number, "number", integer=True)
+    if isinstance(min_effect, bool) or not isinstance(min_effect, (int, float)) or not 0 <= min_effect < 1:
+        raise ValueError(f"min_effect must be a fraction in [0, 1), got {min_effect!r}")
+    if more_work is None:
+        more_work = {}
+    if not isinstance(more_work, Mapping):
+        raise TypeError(f"more_work must be a dict of heavier variant -> lighter variant, got {type(more_work).__name__}")
+    for heavy, light in more_work.items():
+        if heavy not in variants or light not in variants:
+            raise ValueError(f"more_work names {heavy!r} -> {light!r}, but the variants are {list(variants)}")
+        if heavy == light:
+            raise ValueError(f"more_work pairs {heavy!r} with itself: name the lighter variant it does more than")
+    check_non_negative_int(order_seed, "order_seed")
+    per_item = isinstance(items, Mapping) and all(name in items for name in variants)
+    counts = {name: (items.get(name) if isinstance(items, Mapping) else items) for name in variants}
+    return _CompareSpec(
+        variants=dict(variants),
+        baseline=baseline,
+        items=counts,
+        per_item=per_item,
+        run_time=min_run_time or _default_min_run_time(),
+        min_rounds=min_rounds,
+        max_rounds=max_rounds,
+        device=pick_device(device) if device is not None else pick_device(),
+        warmup=warmup,
+        number=number,
+        min_effect=float(min_effect),
+        more_work=dict(more_work),
+        order_seed=order_seed,
+    )
+
+
+def _run_rounds(spec: _CompareSpec, progress: bool) -> tuple[dict[str, int], dict[str, list[float]], int]:
+    """Warm up, calibrate, then time one block of every variant per round, in a shuffled order.
+
+    Returns calls per block, per-call block times by variant (in round order, so they pair up), and
+    the number of rounds.
+    """
+    names = list(spec.variants)
+    for name in names:
+        _warm_up(spec.variants[name], spec.device, spec.warmup)
+    timers = {name: _make_timer(spec.variants[name], spec.device, name) for name in names}
+    target_block = spec.run_time / (2 * spec.min_rounds)
+    numbers = {name: spec.number or _calibrate(timers[name], target_block) for name in names}
+    # A fixed order (A B C A B C ...) turns any steady position effect (a cache warmed by the variant
+    # before, a frequency step at the start of a round) into a fake speedup; a seeded shuffle per
+    # round spreads it over all variants and keeps the run repeatable.
+    order_rng = random.Random(spec.order_seed)
+    block_times: dict[str, list[float]] = {name: [] for name in names}
+    spent, rounds = 0.0, 0
+    bar = _progress_bar(progress, spec.min_rounds, f"comparing {len(names)} variants")
+    try:
+        while rounds < spec.max_rounds and (rounds < spec.min_rounds or spent < spec.run_time * len(names)):
+            order = names[:]
+            order_rng.shuffle(order)
+            for name in order:
+                elapsed = _run_block(timers[name], numbers[name])
+                block_times[name].append(elapsed / numbers[name])
+                spent += elapsed
+            rounds += 1
+            if bar is not None:
+                bar.total = max(bar.total, rounds)
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    return numbers, block_times, rounds
+
+
+def _read_rows(
+    spec: _CompareSpec,
+    measurements: dict[str, Measurement],
+    reports: dict[str, MemoryReport],
+) -> tuple[ComparisonRow, ...]:
+    """Each variant against the baseline, and each declared heavier variant against its lighter one."""
+    scale = {name: (spec.items[name] if spec.per_item else 1) for name in spec.variants}
+    base = spec.baseline
+
+    def paired(name: str, reference: str) -> tuple[float, float, float, bool]:
+        return paired_speedup(
+            measurements[reference].times, measurements[name].times, scale[reference], scale[name], spec.min_effect
+        )
+
+    rows = []
+    for name, m in measurements.items():
+        if name == base:
+            speedup, lo, hi, significant = 1.0, 1.0, 1.0, False
+        else:
+            speedup, lo, hi, significant = paired(name, base)
+        suspect = None
+        lighter = spec.more_work.get(name)
+        if lighter is not None:
+            ratio, _, _, heavier_is_different = paired(name, lighter)
+            if heavier_is_different and ratio > 1:
+                suspect = (
+                    f"does more work than {lighter!r} yet measured {ratio:.2f}x faster than it: "
+                    "an artifact of the measurement, not a speedup"
+                )
+        rows.append(
+            ComparisonRow(
+                name=name,
+                measurement=m,
+                speedup=speedup,
+                ci_low=lo,
+                ci_high=hi,
+                significant=significant,
+                is_baseline=name == base,
+                memory=reports.get(name),
+                suspect=suspect,
+            )
+        )
+    return tuple(rows)
+
+
+def compare(
+    variants: Mapping[str, Callable[[], object]],
+    *,
+    baseline: str,
+    items: int | Mapping[str, int] | None = None,
+    min_run_time: float | None = None,
+    min_rounds: int = 15,
+    max_rounds: int = 1000,
+    device: str | torch.device | None = None,
+    warmup: int = 1,
+    number: int | None = None,
+    min_effect: float = DEFAULT_MIN_EFFECT,
+    memory: bool = False,
+    label: str | None = None,
+    more_work: Mapping[str, str] | None = None,
+    order_seed: int = 0,
+    progress: bool = False,
+) -> Comparison:
+    """Time variants interleaved round by round and read each against ``baseline``.
+
+    Each round runs one block of every variant, in an order shuffled per round (seeded), so slow
+    drift of a shared machine (other jobs, thermal limits) hits all variants alike and no variant
+    always runs first. A variant is "significant" when the whole 99% distribution-free interval of
+    its paired per-round speedup lies at least ``min_effect`` away from 1x (and the ratio of medians
+    agrees); otherwise it is "not significant", never a speedup.
+
+    Args:
+        variants: name -> zero-argument callable; each must do the same work (check that first).
+        baseline: the name of the reference variant.
+        items: things processed per call, one count for all or a dict name -> count. With a count
+            for every variant, speedups compare time per item (throughput), not time per call.
+        min_run_time: seconds of timed calls per variant at least (default 0.05 quick, 0.5 full).
+        min_rounds / max_rounds: bounds on the number of rounds (at least 8: fewer cannot give a
+            99% interval).
+        device: whose queue is synchronized around each block (default ``pick_device()``).
+        warmup: untimed calls of each variant before timing.
+        number: calls per block for every variant; default: calibrated per variant so a block
+            takes about ``min_run_time / (2 * min_rounds)``.
+        min_effect: smallest relative difference ever called significant (0.03 = 3%).
+        memory: also run ``measure_memory`` once per variant (outside the timing) for the table.
+        label: a title for the table.
+        more_work: heavier variant -> lighter variant, for pairs where the first does strictly more
+            work than the second (the same decode plus a colour conversion). A heavier variant that
+            comes out significantly faster than its lighter one gets ``row.suspect`` set, and its
+            verdict says so: such a result is an artifact, not a speedup.
+        order_seed: seeds the per-round shuffle of the variant order.
+        progress: show a progress bar over the rounds (tqdm.auto); off by default.
+
+    Raises:
+        TypeError / ValueError: empty or non-dict ``variants``, a non-callable variant, an unknown
+            ``baseline`` or ``more_work`` name, non-positive sizes or durations.
+    """
+    spec = _check_compare_args(
+        variants, baseline, items, min_run_time, min_rounds, max_rounds, device, warmup, number, min_effect,
+        more_work, order_seed,
+    )
+    check_flag(memory, "memory")
+    check_flag(progress, "progress")
+    numbers, block_times, rounds = _run_rounds(spec, progress)
+    reports = {}
+    if memory:
+        from tricks_lib.memory import measure_memory
+
+        reports = {name: measure_memory(fn, label=name, device=spec.device) for name, fn in spec.variants.items()}
+    threads = torch.get_num_threads()
+    measurements = {
+        name: Measurement(
+            label=name,
+            times=tuple(block_times[name]),
+            number_per_block=numbers[name],
+            device=str(spec.device),
+            num_threads=threads,
+            items=spec.items[name],
+        )
+        for name in spec.variants
+    }
+    return Comparison(
+        label=label or f"vs {baseline}",
+        baseline=baseline,
+        rows=_read_rows(spec, measurements, reports),
+        rounds=rounds,
+        device=str(spec.device),
+        num_threads=threads,
+        min_effect=spec.min_effect,
+        per_item=spec.per_item,
+    )

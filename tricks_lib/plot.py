@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from tricks_lib.measurements import Comparison
 
 __all__ = ["metric_vs_size", "speedup_bars"]
 
@@ -20,8 +16,12 @@ def _axes(ax):
     return ax
 
 
-def speedup_bars(comparison: Comparison, ax=None):
-    """Horizontal bars of each variant's median time, whiskers spanning its IQR, verdicts as labels."""
+def speedup_bars(comparison, ax=None):
+    """Horizontal bars of each variant's median time, whiskers spanning its IQR, verdicts as labels.
+
+    ``comparison`` is a ``tricks_lib.measurements.Comparison`` (read by its attributes: this module
+    imports no result type, so the result types can offer ``.plot()``).
+    """
     # Read by shape, not by type: this module imports no result type, so the results can import it.
     if not all(hasattr(comparison, a) for a in ("rows", "baseline", "rounds")):
         raise TypeError(f"speedup_bars needs a Comparison from tricks_lib.bench.compare, got {type(comparison).__name__}")

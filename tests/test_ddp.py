@@ -16,6 +16,15 @@ def ddp_accumulating() -> DDPResult:
     )  # fmt: skip
 
 
+@pytest.fixture(scope="module")
+def ddp_accumulating_without_no_sync() -> DDPResult:
+    # The baseline for no_sync: the same accumulation, an all-reduce after every micro-batch.
+    return launch_ddp(
+        nproc=2, backend="gloo", steps=3, warmup_steps=1, batch_size=8, accumulation_steps=2, no_sync=False,
+        width=4, image_size=16, timeout=120,
+    )  # fmt: skip
+
+
 def test_two_gloo_ranks_end_with_identical_parameters(ddp_accumulating):
     r = ddp_accumulating
     assert (r.world_size, r.backend, r.device, r.accumulation_steps) == (2, "gloo", "cpu", 2)
@@ -49,6 +58,11 @@ def test_bad_arguments_are_refused_before_launching(kwargs):
         launch_ddp(**kwargs)
 
 
+def test_no_sync_must_be_a_bool():
+    with pytest.raises(TypeError, match="no_sync"):
+        launch_ddp(no_sync="yes")
+
+
 def test_free_port_is_a_valid_port():
     assert 1024 <= free_port() <= 65535
 
@@ -74,3 +88,13 @@ def test_step_times_are_summarized_by_median_and_iqr(ddp_accumulating):
     assert min(r.step_times) <= r.median_step_seconds <= max(r.step_times)
     assert 0 <= r.iqr_step_seconds <= max(r.step_times) - min(r.step_times)
     assert r.samples_per_second == pytest.approx(r.world_size * r.batch_size / r.median_step_seconds)
+
+
+def test_without_no_sync_every_micro_batch_all_reduces(ddp_accumulating, ddp_accumulating_without_no_sync):
+    # Same model, data and accumulation; only the communication differs: accumulation_steps times the
+    # all-reduces, and the parameters are still identical on every rank (the gradients sum the same).
+    on, off = ddp_accumulating, ddp_accumulating_without_no_sync
+    assert on.no_sync and not off.no_sync and "no_sync off" in repr(off)
+    assert off.params_identical and off.buckets == on.buckets
+    assert off.allreduce_calls == off.backward_passes * off.buckets == off.accumulation_steps * on.allreduce_calls
+    assert off.allreduces_per_step == off.accumulation_steps * off.buckets

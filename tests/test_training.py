@@ -68,6 +68,39 @@ def test_fp16_autocast_uses_a_grad_scaler():
     assert torch.isfinite(step(torch.randn(4, 8), torch.randint(0, 3, (4,))))
 
 
+def test_fp16_step_on_cpu_skips_an_overflowing_step_and_lowers_the_scale():
+    # A loss so large that its scaled gradient overflows fp16: GradScaler finds inf in the
+    # unscaled gradients, skips optimizer.step() and halves its scale.
+    torch.manual_seed(0)
+    model = MLP(8, 3, hidden=8)
+    before = [p.detach().clone() for p in model.parameters()]
+    step = make_train_step(
+        model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), autocast_dtype=torch.float16,
+        loss_fn=lambda out, y: nn.functional.cross_entropy(out, y) * 1e9,
+    )  # fmt: skip
+    scale = step.scaler.get_scale()
+    step(torch.randn(4, 8), torch.randint(0, 3, (4,)))
+    assert step.scaler.get_scale() == scale * 0.5
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters())), "the step was skipped"
+
+
+def test_no_sync_switch_is_recorded_and_ignored_without_ddp():
+    # Without DDP there is no all-reduce to skip: both settings give the same gradients.
+    torch.manual_seed(0)
+    model = SmallCNN(10, width=4, batch_norm=False)
+    x, y = torch.randn(8, 3, 16, 16), torch.randint(0, 10, (8,))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    grads = {}
+    for flag in (True, False):
+        step = make_train_step(model, opt, accumulation_steps=2, no_sync=flag)
+        assert step.config.no_sync is flag and ("no_sync=False" in repr(step.config)) is not flag
+        step.backward(x, y)
+        grads[flag] = _grads(model)
+        opt.zero_grad(set_to_none=True)
+    for a, b in zip(grads[True], grads[False]):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 def test_channels_last_step_matches_the_default_layout():
     torch.manual_seed(0)
     ref = SmallCNN(10, width=4)
@@ -129,6 +162,8 @@ def test_make_train_step_rejects_wrong_types():
         make_train_step("model", torch.optim.SGD(model.parameters(), lr=0.1))
     with pytest.raises(TypeError):
         make_train_step(model, "sgd")
+    with pytest.raises(TypeError, match="no_sync"):
+        make_train_step(model, torch.optim.SGD(model.parameters(), lr=0.1), no_sync=1)
 
 
 def test_warmup_factor_values_are_exact():

@@ -3,8 +3,9 @@
 Under torchrun each process runs ``main()``: it joins the process group (``gloo`` on CPU, ``nccl``
 on GPUs), builds a ``SmallCNN`` from a *different* seed per rank (so identical final parameters
 prove that DDP's initial broadcast and gradient all-reduce work), trains it on its own synthetic data
-shard with ``TrainStep`` (gradient accumulation runs the first micro-batches in ``no_sync()``), then
-gathers every rank's parameters on rank 0. A DDP communication hook counts the gradient
+shard with ``TrainStep`` (gradient accumulation runs the first micro-batches in ``no_sync()``, or,
+with ``--sync-every-micro-batch``, all-reduces after every one: the baseline ``no_sync`` is measured
+against), then gathers every rank's parameters on rank 0. A DDP communication hook counts the gradient
 all-reduces, so the result shows that ``no_sync()`` skipped them on all but the last micro-batch.
 Step times are taken like ``tricks_lib.bench.measure`` does: untimed warm-up steps, a device sync
 around every step, and median and IQR of the per-step times. Rank 0 writes a JSON file; nothing is
@@ -49,7 +50,10 @@ class DDPResult:
         backend: "gloo" or "nccl".
         device: "cpu" or "cuda".
         batch_size: samples per rank per optimizer step (split into ``accumulation_steps``).
-        accumulation_steps: micro-batches per optimizer step (all but the last in ``no_sync()``).
+        accumulation_steps: micro-batches per optimizer step (all but the last in ``no_sync()``
+            when ``no_sync`` is True).
+        no_sync: whether accumulation skipped the all-reduce of all but the last micro-batch; False
+            all-reduces after every micro-batch (same gradients, more communication).
         steps: timed optimizer steps (after ``warmup_steps`` untimed ones).
         warmup_steps: untimed steps before the timed ones.
         step_times: wall-clock seconds of each timed step on rank 0, from a barrier-aligned start to
@@ -83,6 +87,7 @@ class DDPResult:
     buckets: int
     backward_passes: int
     warmup_steps: int = 0
+    no_sync: bool = True
 
     @property
     def seconds(self) -> float:
@@ -101,7 +106,8 @@ class DDPResult:
 
     @property
     def allreduces_per_step(self) -> float:
-        """Gradient all-reduces per optimizer step: ``buckets`` when only the last micro-batch syncs."""
+        """Gradient all-reduces per optimizer step: ``buckets`` when only the last micro-batch syncs,
+        ``accumulation_steps * buckets`` when every micro-batch does."""
         return self.allreduce_calls / self.steps
 
     def as_measurement(self, label: str | None = None) -> Measurement:
@@ -119,7 +125,7 @@ class DDPResult:
         same = "identical" if self.params_identical else f"DIFFERENT (max |diff| {self.max_param_difference:.3g})"
         return (
             f"DDPResult({self.world_size} x {self.backend}/{self.device}, batch {self.batch_size}/rank, "
-            f"accumulate {self.accumulation_steps}, {self.steps} steps, step {format_seconds(self.median_step_seconds)} "
+            f"accumulate {self.accumulation_steps}{'' if self.no_sync else ' (no_sync off)'}, {self.steps} steps, step {format_seconds(self.median_step_seconds)} "
             f"(IQR {format_seconds(self.iqr_step_seconds)}), {self.samples_per_second:,.0f} samples/s, "
             f"all-reduces per step {self.allreduces_per_step:g}, parameters {same} on all ranks)"
         )
@@ -131,7 +137,7 @@ class DDPResult:
                 ("processes", f"{self.world_size} ({self.backend}, {self.device})"),
                 ("threads per process", self.threads_per_process),
                 ("batch per rank", self.batch_size),
-                ("accumulation steps", self.accumulation_steps),
+                ("accumulation steps", f"{self.accumulation_steps} (no_sync {'on' if self.no_sync else 'off'})"),
                 ("timed steps", f"{self.steps} (after {self.warmup_steps} warm-up steps)"),
                 ("median step (IQR)", f"{format_seconds(self.median_step_seconds)} ({format_seconds(self.iqr_step_seconds)})"),
                 ("throughput (from the median step)", f"{self.samples_per_second:,.0f} samples/s"),
@@ -161,6 +167,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup-steps", type=int, default=2, help="untimed steps first")
     p.add_argument("--batch-size", type=int, default=32, help="samples per rank per optimizer step")
     p.add_argument("--accumulation-steps", type=int, default=1, help="micro-batches per optimizer step")
+    p.add_argument(
+        "--sync-every-micro-batch", action="store_true",
+        help="all-reduce after every micro-batch (no no_sync()): the baseline for no_sync",
+    )  # fmt: skip
     p.add_argument("--width", type=int, default=16, help="SmallCNN width")
     p.add_argument("--image-size", type=int, default=32, help="height and width of the synthetic images")
     p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
@@ -203,7 +213,10 @@ def main(argv: list[str] | None = None) -> None:
             return allreduce_hook(state, bucket)
 
         ddp_model.register_comm_hook(None, counting_allreduce)  # state None = the default process group
-        step = make_train_step(ddp_model, optimizer, device=device, accumulation_steps=args.accumulation_steps)
+        step = make_train_step(
+            ddp_model, optimizer, device=device, accumulation_steps=args.accumulation_steps,
+            no_sync=not args.sync_every_micro_batch,
+        )  # fmt: skip
 
         # Each rank its own data shard (different seed), as a DistributedSampler would give it.
         gen = torch.Generator().manual_seed(10_000 + args.seed + rank)
@@ -254,6 +267,7 @@ def main(argv: list[str] | None = None) -> None:
                 buckets=buckets,
                 backward_passes=args.steps * args.accumulation_steps,
                 warmup_steps=args.warmup_steps,
+                no_sync=not args.sync_every_micro_batch,
             )
             tmp = Path(args.out).with_suffix(".tmp")
             tmp.write_text(json.dumps(asdict(result)))
@@ -271,6 +285,7 @@ def launch_ddp(
     warmup_steps: int = 2,
     batch_size: int = 32,
     accumulation_steps: int = 1,
+    no_sync: bool = True,
     width: int = 16,
     image_size: int = 32,
     seed: int = 0,
@@ -283,6 +298,8 @@ def launch_ddp(
         nproc: processes (ranks). With NCCL, at most the number of visible GPUs.
         backend: "gloo" or "nccl"; default nccl when CUDA has at least ``nproc`` GPUs, else gloo.
         steps, warmup_steps, batch_size, accumulation_steps, width, image_size, seed: passed to ``main``.
+        no_sync: accumulate with ``no_sync()`` (True, one all-reduce per optimizer step) or
+            all-reduce after every micro-batch (False: the baseline that isolates what it saves).
         threads_per_process: OMP_NUM_THREADS of each process; default the CPU cores available to
             this process divided by ``nproc`` (at least 1), so ranks do not oversubscribe the cores.
         timeout: seconds before the whole process group is terminated.
@@ -291,6 +308,7 @@ def launch_ddp(
         The ``DDPResult`` rank 0 wrote.
 
     Raises:
+        TypeError: ``no_sync`` is not a bool.
         ValueError: for bad arguments (e.g. nccl without enough GPUs).
         TimeoutError: if the run exceeds ``timeout``.
         RuntimeError: if torchrun fails; the message ends with the tail of its output.
@@ -306,6 +324,8 @@ def launch_ddp(
     ]:
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    if not isinstance(no_sync, bool):
+        raise TypeError(f"no_sync must be True or False, got {type(no_sync).__name__}")
     if batch_size < accumulation_steps:
         raise ValueError(f"batch_size ({batch_size}) must be >= accumulation_steps ({accumulation_steps})")
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -334,7 +354,7 @@ def launch_ddp(
             f"--out={out}", f"--backend={backend}", f"--steps={steps}", f"--warmup-steps={warmup_steps}",
             f"--batch-size={batch_size}", f"--accumulation-steps={accumulation_steps}",
             f"--width={width}", f"--image-size={image_size}", f"--seed={seed}",
-        ]  # fmt: skip
+        ] + ([] if no_sync else ["--sync-every-micro-batch"])  # fmt: skip
         # A new session, so a timeout can stop torchrun *and* its workers (one process group).
         proc = subprocess.Popen(
             cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True

@@ -1,7 +1,7 @@
 """A training step whose speed tricks are parameters, and learning-rate schedules with linear warmup.
 
 * ``TrainStep``: forward, backward and optimizer step for one batch, with autocast (fp16/bf16),
-  channels_last, gradient accumulation over micro-batches (``no_sync`` under DDP), ``set_to_none``
+  channels_last, gradient accumulation over micro-batches (``no_sync`` under DDP, switchable), ``set_to_none``
   and ``torch.compile`` as switches. Build it with ``make_train_step``.
 * ``warmup_factor`` / ``linear_warmup``: linear warmup then constant or cosine decay, as a pure
   function and as a ``LambdaLR``.
@@ -48,6 +48,9 @@ class TrainStepConfig:
         compile_backend: the ``torch.compile`` backend ("inductor" generates fused kernels;
             "eager" only traces, which is fast and useful in tests).
         grad_scaling: whether a ``GradScaler`` is active (fp16 autocast only).
+        no_sync: under DistributedDataParallel, run all but the last micro-batch inside
+            ``model.no_sync()`` (one gradient all-reduce per optimizer step). False all-reduces
+            after every micro-batch: the same gradients, more communication (a baseline).
     """
 
     autocast_dtype: torch.dtype | None = None
@@ -57,6 +60,7 @@ class TrainStepConfig:
     compile: bool = False
     compile_backend: str = "inductor"
     grad_scaling: bool = False
+    no_sync: bool = True
 
     def __repr__(self) -> str:
         dtype = "fp32" if self.autocast_dtype is None else str(self.autocast_dtype).replace("torch.", "")
@@ -70,6 +74,8 @@ class TrainStepConfig:
             parts.append(f"compile={self.compile_backend}")
         if self.grad_scaling:
             parts.append("GradScaler")
+        if not self.no_sync:
+            parts.append("no_sync=False")
         return f"TrainStepConfig({', '.join(parts)})"
 
 
@@ -127,7 +133,7 @@ class TrainStep:
         """Forward and backward over ``accumulation_steps`` micro-batches; gradients accumulate.
 
         Under DistributedDataParallel the gradient all-reduce runs only on the last micro-batch
-        (the others run inside ``model.no_sync()``).
+        (the others run inside ``model.no_sync()``), unless the step was built with ``no_sync=False``.
 
         Returns:
             The batch's mean loss, detached, on the device (no host sync).
@@ -136,14 +142,14 @@ class TrainStep:
         batch = inputs.shape[0]
         total = torch.zeros((), device=self.device)
         micro = self._micro_batches(inputs, targets)
-        is_ddp = isinstance(self.model, nn.parallel.DistributedDataParallel)
+        skip_sync = cfg.no_sync and isinstance(self.model, nn.parallel.DistributedDataParallel)
         for i, (x, y) in enumerate(micro):
             x = x.to(self.device, non_blocking=True)
             y = y.to(self.device, non_blocking=True)
             if cfg.channels_last and x.dim() == 4:
                 x = x.contiguous(memory_format=torch.channels_last)
             last = i == len(micro) - 1
-            sync = self.model.no_sync() if (is_ddp and not last) else contextlib.nullcontext()
+            sync = self.model.no_sync() if (skip_sync and not last) else contextlib.nullcontext()
             with sync:
                 with self._autocast():
                     out = self._forward(x)
@@ -175,6 +181,7 @@ def make_train_step(
     compile: bool = False,
     compile_backend: str = "inductor",
     grad_scaling: bool | None = None,
+    no_sync: bool = True,
 ) -> TrainStep:
     """Build a ``TrainStep`` with the given tricks switched on.
 
@@ -194,12 +201,16 @@ def make_train_step(
         compile_backend: backend passed to ``torch.compile``.
         grad_scaling: use a ``GradScaler``; default True exactly when ``autocast_dtype`` is fp16
             (bf16 has fp32's exponent range and needs no loss scaling).
+        no_sync: with a DistributedDataParallel model and ``accumulation_steps > 1``, skip the
+            gradient all-reduce of all but the last micro-batch (``model.no_sync()``). False
+            all-reduces every micro-batch: identical gradients, ``accumulation_steps`` times the
+            all-reduces (the baseline that shows what ``no_sync`` saves). Ignored without DDP.
 
     Returns:
         A ``TrainStep``.
 
     Raises:
-        TypeError: for a model/optimizer of the wrong type.
+        TypeError: for a model/optimizer of the wrong type, or a ``no_sync`` that is not a bool.
         ValueError: for an unsupported autocast dtype or ``accumulation_steps < 1``.
     """
     if not isinstance(model, nn.Module):
@@ -210,6 +221,8 @@ def make_train_step(
         raise ValueError(f"autocast_dtype must be torch.float16, torch.bfloat16 or None, got {autocast_dtype}")
     if isinstance(accumulation_steps, bool) or not isinstance(accumulation_steps, int) or accumulation_steps < 1:
         raise ValueError(f"accumulation_steps must be an int >= 1, got {accumulation_steps!r}")
+    if not isinstance(no_sync, bool):
+        raise TypeError(f"no_sync must be True or False, got {type(no_sync).__name__}")
     if device is None:
         first = next(model.parameters(), None)
         device = first.device if first is not None else torch.device("cpu")
@@ -226,6 +239,7 @@ def make_train_step(
         compile=bool(compile),
         compile_backend=compile_backend,
         grad_scaling=bool(grad_scaling),
+        no_sync=no_sync,
     )
     return TrainStep(model, optimizer, loss_fn or nn.functional.cross_entropy, config, device)
 

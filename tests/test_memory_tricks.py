@@ -253,3 +253,54 @@ def test_batchnorm_under_cpu_autocast_saves_16_bit_tensors():
 
     ratio = measure_memory(lambda: step(False)).saved_bytes / measure_memory(lambda: step(True)).saved_bytes
     assert ratio > 1.9
+
+
+def _profiled_allocations(fn) -> tuple[int, dict[str, int]]:
+    """(net bytes all operators allocated, inclusive bytes per operator) in one call, from torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        out = fn()
+    del out
+    averages = prof.key_averages()
+    total = sum(e.self_cpu_memory_usage for e in averages if e.key != "[memory]")
+    return total, {e.key: e.cpu_memory_usage for e in averages}
+
+
+def test_inplace_relu_allocates_nothing_where_out_of_place_allocates_its_output(monkeypatch):
+    # What notebook 03 shows with the profiler: saved-for-backward bytes are the same either way, but the
+    # out-of-place ReLU allocates a new output and the in-place one writes into its input.
+    monkeypatch.setenv("KINETO_LOG_LEVEL", "6")  # keep the profiler's start/stop log off stderr
+    model = nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.BatchNorm1d(WIDTH), nn.ReLU())
+    x = torch.randn(BATCH, WIDTH)
+    total_out, by_op_out = _profiled_allocations(lambda: model(x))
+    model[2].inplace = True
+    total_in, by_op_in = _profiled_allocations(lambda: model(x))
+    assert by_op_out["aten::relu"] == ACTIVATION
+    assert by_op_in["aten::relu_"] == 0
+    assert total_out - total_in == ACTIVATION
+
+
+def test_cpu_grad_scaler_skips_an_overflowing_fp16_step_and_halves_the_scale():
+    # Notebook 03 runs float16 autocast with torch.amp.GradScaler("cpu") on any device.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.ReLU(), nn.Linear(WIDTH, 4))
+    before = [p.detach().clone() for p in model.parameters()]
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    scale = scaler.get_scale()
+
+    def step(x):
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = nn.functional.cross_entropy(model(x), torch.zeros(BATCH, dtype=torch.long))
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+
+    step(torch.randn(BATCH, WIDTH) * 1e6)  # beyond float16's range: inf/nan gradients
+    assert scaler.get_scale() == scale / 2
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    step(torch.randn(BATCH, WIDTH))
+    assert scaler.get_scale() == scale / 2  # taken: not lowered again
+    assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import os
 import random
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -151,35 +153,106 @@ def _set_flags_to_unusual_values() -> None:
     torch.use_deterministic_algorithms(False, warn_only=False)
     torch.backends.cudnn.deterministic = False
     torch.backends.cudnn.benchmark = True
-    os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":0:0"  # not a deterministic value
 
 
-def test_deterministic_sets_and_restores_every_flag():
+def _fake_cuda(monkeypatch, *, initialized: bool) -> None:
+    """Make this process look like one with CUDA available, initialized or not."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: initialized)
+
+
+def _no_cuda(monkeypatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+
+
+def test_deterministic_sets_and_restores_every_flag(monkeypatch):
+    _no_cuda(monkeypatch)
     _set_flags_to_unusual_values()
     before = determinism_flags()
     with deterministic() as flags:
         now = determinism_flags()
         assert now == flags
         assert now.algorithms and now.cudnn_deterministic and not now.cudnn_benchmark
-        assert now.cublas_workspace_config == ":4096:8"
         assert now.mkldnn_deterministic in (True, None)
         assert torch.are_deterministic_algorithms_enabled()
     assert determinism_flags() == before
 
 
-def test_deterministic_removes_env_var_it_added_and_restores_on_exception():
-    os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+def test_deterministic_restores_on_exception(monkeypatch):
+    _no_cuda(monkeypatch)
     before = determinism_flags()
     with pytest.raises(RuntimeError, match="boom"):
         with deterministic(warn_only=True):
             assert torch.is_deterministic_algorithms_warn_only_enabled()
             raise RuntimeError("boom")
     assert determinism_flags() == before
+
+
+@pytest.mark.parametrize("value", [None, ":0:0"])
+def test_deterministic_without_cuda_leaves_cublas_variable_alone(monkeypatch, value):
+    _no_cuda(monkeypatch)
+    if value is None:
+        monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    else:
+        monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", value)
+    with deterministic() as flags:
+        assert os.environ.get("CUBLAS_WORKSPACE_CONFIG") == value == flags.cublas_workspace_config
+    assert os.environ.get("CUBLAS_WORKSPACE_CONFIG") == value
+
+
+@pytest.mark.parametrize("value", [None, ":0:0"])
+def test_deterministic_raises_when_cuda_is_initialized_without_cublas_config(monkeypatch, value):
+    # cuBLAS read the variable at its first call: setting it now would pass PyTorch's check and change
+    # nothing. The old code set it for the block and carried on.
+    _fake_cuda(monkeypatch, initialized=True)
+    if value is None:
+        monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    else:
+        monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", value)
+    before = determinism_flags()
+    with pytest.raises(RuntimeError, match="CUBLAS_WORKSPACE_CONFIG.*before torch initializes CUDA"):
+        with deterministic():
+            pytest.fail("the block must not run")
+    assert determinism_flags() == before  # nothing was changed, the variable included
+    assert os.environ.get("CUBLAS_WORKSPACE_CONFIG") == value
+
+
+@pytest.mark.parametrize("value", [":4096:8", ":16:8"])
+def test_deterministic_accepts_an_existing_deterministic_cublas_value_on_initialized_cuda(monkeypatch, value):
+    _fake_cuda(monkeypatch, initialized=True)
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", value)
+    with deterministic() as flags:
+        assert flags.cublas_workspace_config == value == os.environ["CUBLAS_WORKSPACE_CONFIG"]
+        assert torch.are_deterministic_algorithms_enabled()
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == value
+
+
+@pytest.mark.parametrize("value", [None, ":0:0"])
+def test_deterministic_sets_cublas_config_for_the_rest_of_the_process_before_cuda_init(monkeypatch, value):
+    # Not restored on exit: cuBLAS reads it at its first call, which may come after the block.
+    _fake_cuda(monkeypatch, initialized=False)
+    if value is None:
+        monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    else:
+        monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", value)
+    with deterministic() as flags:
+        assert flags.cublas_workspace_config == ":4096:8" == os.environ["CUBLAS_WORKSPACE_CONFIG"]
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    assert not torch.are_deterministic_algorithms_enabled()  # the switches themselves are restored
+
+
+def test_deterministic_false_never_touches_cublas_config(monkeypatch):
+    _fake_cuda(monkeypatch, initialized=True)
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    with deterministic(False) as flags:
+        assert flags.cublas_workspace_config is None
+        assert not torch.are_deterministic_algorithms_enabled()
     assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
 
 
-def test_deterministic_keeps_an_existing_deterministic_cublas_value_and_nests():
-    os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":16:8"
+def test_deterministic_keeps_an_existing_deterministic_cublas_value_and_nests(monkeypatch):
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
     with deterministic():
         assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
         with deterministic(False):
@@ -207,6 +280,31 @@ def test_deterministic_rejects_non_bool():
 def test_nondeterministic_cuda_op_raises_in_deterministic_mode():
     with deterministic(), pytest.raises(RuntimeError, match="deterministic"):
         torch.histc(torch.rand(100, device="cuda"))
+
+
+_CUDA_CHILD = """
+import torch
+from tricks_lib.repro import deterministic
+a = torch.randn(64, 64, device="cuda")
+(a @ a).sum().item()  # cuBLAS has read its workspace configuration now
+try:
+    with deterministic():
+        (a @ a).sum().item()
+    print("ran")
+except RuntimeError as error:
+    print("raised" if "before torch initializes CUDA" in str(error) else f"other: {error}")
+"""
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: cuBLAS reads CUBLAS_WORKSPACE_CONFIG")
+@pytest.mark.parametrize("value, expected", [(None, "raised"), (":4096:8", "ran")])
+def test_deterministic_on_cuda_after_a_matmul_needs_the_variable_from_the_start(value, expected):
+    env = {k: v for k, v in os.environ.items() if k != "CUBLAS_WORKSPACE_CONFIG"}
+    if value is not None:
+        env["CUBLAS_WORKSPACE_CONFIG"] = value
+    result = subprocess.run([sys.executable, "-c", _CUDA_CHILD], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == expected
 
 
 # --- worker seeding ----------------------------------------------------------------------------

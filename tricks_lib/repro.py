@@ -8,8 +8,10 @@
 * ``make_generator(seed)`` gives a seeded ``torch.Generator`` for ``DataLoader(generator=...)``, so
   the shuffle order and the workers' seeds depend on this seed alone, not on how many random numbers
   the model drew before.
-* ``deterministic()`` switches deterministic algorithms, cuDNN's flags and ``CUBLAS_WORKSPACE_CONFIG``
-  on for a block and restores all of them afterwards.
+* ``deterministic()`` switches deterministic algorithms and cuDNN's flags on for a block and
+  restores them afterwards. On CUDA it also needs ``CUBLAS_WORKSPACE_CONFIG``, which cuBLAS reads
+  once per process: it sets it only while CUDA is not initialized yet (for the rest of the process),
+  and raises when it is too late, instead of setting a value cuBLAS would never read.
 * ``capture_rng_state()`` / ``restore_rng_state()`` save and restore every RNG state a training run
   uses, for checkpoints that resume bit for bit; ``RngState.to_dict()`` loads with
   ``torch.load(weights_only=True)``.
@@ -195,46 +197,74 @@ def _apply_flags(flags: DeterminismFlags) -> None:
     torch.backends.cudnn.benchmark = flags.cudnn_benchmark
     if flags.mkldnn_deterministic is not None:
         torch.backends.mkldnn.deterministic = flags.mkldnn_deterministic
-    if flags.cublas_workspace_config is None:
-        os.environ.pop(_CUBLAS_ENV_VAR, None)
-    else:
-        os.environ[_CUBLAS_ENV_VAR] = flags.cublas_workspace_config
+    # CUBLAS_WORKSPACE_CONFIG is not applied here: see _ensure_cublas_workspace_config.
+
+
+def _ensure_cublas_workspace_config() -> str | None:
+    """Make sure cuBLAS runs with a deterministic workspace in this process; return the variable's value.
+
+    cuBLAS (through PyTorch's handle pool) reads ``CUBLAS_WORKSPACE_CONFIG`` once, when the process
+    makes its first cuBLAS call, while ``use_deterministic_algorithms`` checks the variable at every
+    call. Setting it after CUDA work began would therefore pass PyTorch's check without changing the
+    workspace. So: without CUDA the variable is irrelevant and left alone; with a deterministic value
+    there is nothing to do; before CUDA is initialized it is set, for the rest of the process (it is
+    never restored: cuBLAS may read it at any later call); after, it is too late and this raises.
+    """
+    value = os.environ.get(_CUBLAS_ENV_VAR)
+    if not torch.cuda.is_available() or value in CUBLAS_DETERMINISTIC_CONFIGS:
+        return value
+    if torch.cuda.is_initialized():
+        current = "unset" if value is None else f"{value!r}, not a deterministic value"
+        raise RuntimeError(
+            f"deterministic(): {_CUBLAS_ENV_VAR} is {current}, and CUDA is already initialized in this "
+            "process. cuBLAS reads the variable once, at its first call, so setting it now would not make "
+            f"its matmuls deterministic. Set it before torch initializes CUDA: "
+            f"os.environ.setdefault({_CUBLAS_ENV_VAR!r}, {CUBLAS_DETERMINISTIC_CONFIGS[0]!r}) before "
+            "`import torch` (e.g. in the notebook's setup cell), or "
+            f"`export {_CUBLAS_ENV_VAR}={CUBLAS_DETERMINISTIC_CONFIGS[0]}` in the shell; "
+            f"{CUBLAS_DETERMINISTIC_CONFIGS[1]!r} also works (less memory, possibly slower)"
+        )
+    os.environ[_CUBLAS_ENV_VAR] = CUBLAS_DETERMINISTIC_CONFIGS[0]
+    return os.environ[_CUBLAS_ENV_VAR]
 
 
 @contextlib.contextmanager
 def deterministic(enabled: bool = True, *, warn_only: bool = False) -> Iterator[DeterminismFlags]:
-    """Run a block with deterministic kernels on (or off), then restore every flag it touched.
+    """Run a block with deterministic kernels on (or off), then restore the flags it switched.
 
     ``enabled=True`` sets ``torch.use_deterministic_algorithms(True, warn_only=warn_only)`` (ops
     without a deterministic implementation raise ``RuntimeError``, or warn with ``warn_only``),
     ``cudnn.deterministic = True``, ``cudnn.benchmark = False`` (autotuning may pick a different
-    algorithm per run), oneDNN's ``mkldnn.deterministic = True`` where the build has it, and
-    ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` unless it already holds a deterministic value.
-    ``enabled=False`` turns the three switches off and leaves benchmark and the variable alone.
-    On exit, normal or by exception, the previous values come back (the variable is removed again
-    if it was unset). Use as ``with deterministic() as flags:``; ``flags`` are the values set.
+    algorithm per run) and oneDNN's ``mkldnn.deterministic = True`` where the build has it.
+    ``enabled=False`` turns the three switches off and leaves benchmark alone. On exit, normal or by
+    exception, their previous values come back. Use as ``with deterministic() as flags:``;
+    ``flags`` are the values in effect inside the block.
 
-    cuBLAS reads its workspace size once, at the first cuBLAS call of the process: setting the
-    variable later satisfies PyTorch's check but may not change the workspace. Export it before
-    the first CUDA matmul (in the shell, or at the top of the program) to be sure.
+    ``CUBLAS_WORKSPACE_CONFIG`` (needed on CUDA) is different: cuBLAS reads it once per process, at
+    its first call, so a value set for one block and removed afterwards would only satisfy PyTorch's
+    check, not change cuBLAS. With CUDA available and the variable not holding ``:4096:8`` or
+    ``:16:8``, ``enabled=True`` therefore either sets it to ``:4096:8`` for the rest of the process
+    (when CUDA is not initialized yet, so no cuBLAS call can have happened; it is not restored on
+    exit) or raises. Set it before torch initializes CUDA: in the shell, or with
+    ``os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")`` before ``import torch``.
+    Without CUDA the variable is irrelevant and left as it is. ``enabled=False`` never touches it.
 
     Raises:
         TypeError: ``enabled`` or ``warn_only`` is not a bool.
+        RuntimeError: ``enabled=True``, CUDA is available and already initialized in this process,
+            and ``CUBLAS_WORKSPACE_CONFIG`` does not hold a deterministic value (nothing is changed).
     """
     if not isinstance(enabled, bool) or not isinstance(warn_only, bool):
         raise TypeError("enabled and warn_only must be bools: deterministic(True, warn_only=False)")
     previous = determinism_flags()
     if enabled:
-        cublas = previous.cublas_workspace_config
-        if cublas not in CUBLAS_DETERMINISTIC_CONFIGS:
-            cublas = CUBLAS_DETERMINISTIC_CONFIGS[0]
         target = DeterminismFlags(
             algorithms=True,
             warn_only=warn_only,
             cudnn_deterministic=True,
             cudnn_benchmark=False,
             mkldnn_deterministic=None if previous.mkldnn_deterministic is None else True,
-            cublas_workspace_config=cublas,
+            cublas_workspace_config=_ensure_cublas_workspace_config(),  # raises before anything changed
         )
     else:
         target = DeterminismFlags(

@@ -3,3 +3,5 @@
 import os
 
 os.environ.setdefault("TRICKS_QUICK", "1")
+# No progress bars in cells run by nbval: their text would reach the compared outputs.
+os.environ.setdefault("TRICKS_PROGRESS", "0")

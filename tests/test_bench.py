@@ -154,7 +154,8 @@ def test_a_slow_call_still_gets_a_spread_estimate():
     assert two.noisy == (not two.has_spread or two.relative_spread > 0.1)
 
 
-def test_progress_bars_do_not_change_results(capsys):
+def test_progress_bars_do_not_change_results(capsys, monkeypatch):
+    monkeypatch.delenv("TRICKS_PROGRESS", raising=False)
     c = compare({"a": busy(0.0005), "b": busy(0.0005)}, baseline="a", min_rounds=8, min_run_time=0.01,
                 device="cpu", progress=True)
     assert c.rounds >= 8
@@ -330,3 +331,15 @@ def test_measure_counts_gpu_time_not_launch_time():
     cycles = int(torch.cuda.get_device_properties(0).clock_rate * 1e3 * 0.002)  # about 2 ms of spinning
     m = measure(lambda: torch.cuda._sleep(cycles), device="cuda", min_run_time=0.1)
     assert m.median > 0.001
+
+
+def test_progress_bars_can_be_switched_off_for_headless_runs(monkeypatch):
+    import tricks_lib.timing as timing
+
+    monkeypatch.delenv("TRICKS_PROGRESS", raising=False)
+    bar = timing._progress_bar(True, 3, "x")
+    assert bar is not None
+    bar.close()
+    monkeypatch.setenv("TRICKS_PROGRESS", "0")
+    assert timing._progress_bar(True, 3, "x") is None
+    assert timing._progress_bar(False, 3, "x") is None

@@ -5,6 +5,7 @@ import sys
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -104,3 +105,98 @@ def test_cheap_drop_works_once_files_are_clean(tmp_path):
     assert page_cache_residency(path).fraction == 1.0
     assert drop_from_page_cache(path) == 1
     assert page_cache_residency(path).fraction <= 0.01
+
+
+# --- process_memory / loader_worker_memory -------------------------------------------------------
+
+from tricks_lib.data.cache import ProcessMemory, loader_worker_memory, process_memory  # noqa: E402
+
+HAS_SMAPS_ROLLUP = Path("/proc/self/smaps_rollup").exists()
+needs_smaps = pytest.mark.skipif(not HAS_SMAPS_ROLLUP, reason="needs /proc/<pid>/smaps_rollup (Linux 4.14+)")
+
+_ROLLUP = """00400000-7fff0000 ---p 00000000 00:00 0  [rollup]
+Rss:                1000 kB
+Pss:                 600 kB
+Shared_Clean:        300 kB
+Shared_Dirty:        100 kB
+Private_Clean:        50 kB
+Private_Dirty:       550 kB
+Swap:                  0 kB
+"""
+
+
+def _fake_proc(tmp_path, pid=123, text=_ROLLUP):
+    for name in ("self", str(pid)):
+        (tmp_path / name).mkdir(exist_ok=True)
+        (tmp_path / name / "smaps_rollup").write_text(text)
+    return tmp_path
+
+
+def test_process_memory_parses_smaps_rollup(tmp_path):
+    m = process_memory(123, proc=_fake_proc(tmp_path))
+    assert m == ProcessMemory(123, 1000 * 1024, 600 * 1024, 600 * 1024, 400 * 1024, "smaps_rollup")
+    assert m.available and "private 0.6 MiB" in repr(m)
+
+
+def test_process_memory_without_smaps_rollup_says_why(tmp_path):
+    m = process_memory(1, proc=tmp_path)  # an empty folder: no procfs
+    assert not m.available and m.private_bytes is None and m.rss_bytes is None
+    assert m.method.startswith("unavailable:") and "smaps_rollup" in m.method
+    incomplete = process_memory(123, proc=_fake_proc(tmp_path, text="Rss: 4 kB\n"))
+    assert not incomplete.available and "Pss" in incomplete.method
+
+
+def test_process_memory_validates_pid(tmp_path):
+    with pytest.raises(TypeError):
+        process_memory(True)
+    with pytest.raises(TypeError):
+        process_memory("123")
+    with pytest.raises(ValueError):
+        process_memory(0)
+    with pytest.raises(ProcessLookupError):
+        process_memory(456, proc=_fake_proc(tmp_path))
+
+
+@needs_smaps
+def test_process_memory_sees_private_pages_of_this_process():
+    before = process_memory()
+    assert before.pid == os.getpid() and before.rss_bytes == before.private_bytes + before.shared_bytes
+    block = np.ones(64 << 20, dtype=np.uint8)  # 64 MiB, every page written
+    after = process_memory()
+    assert after.private_bytes - before.private_bytes >= 56 << 20
+    del block
+
+
+def test_loader_worker_memory_validates_arguments():
+    with pytest.raises(TypeError):
+        loader_worker_memory(42, multiprocessing_context="fork")
+    with pytest.raises(TypeError):
+        loader_worker_memory([], multiprocessing_context=None)
+    with pytest.raises(ValueError, match="one of"):
+        loader_worker_memory([], multiprocessing_context="thread")
+    with pytest.raises(ValueError, match="timeout"):
+        loader_worker_memory([], multiprocessing_context="fork", timeout=0)
+
+
+def _cache(mib):
+    """A RAM cache of decoded samples: `mib` MiB of (64, 64, 3) uint8 arrays with labels, every page written."""
+    return [(np.full((64, 64, 3), i % 251, dtype=np.uint8), i) for i in range((mib << 20) // (64 * 64 * 3))]
+
+
+@needs_smaps
+@pytest.mark.skipif("fork" not in __import__("multiprocessing").get_all_start_methods(), reason="no fork here")
+def test_forked_worker_shares_the_cache_copy_on_write():
+    cache = _cache(32)
+    empty = loader_worker_memory([(np.zeros(1, np.uint8), 0)], multiprocessing_context="fork")
+    full = loader_worker_memory(cache, multiprocessing_context="fork")
+    assert full.pid != os.getpid() and full.available
+    assert full.private_bytes - empty.private_bytes < 8 << 20  # far less than the 32 MiB it read
+    assert full.shared_bytes >= 32 << 20  # the cache's pages, shared with this process
+
+
+@needs_smaps
+def test_spawned_worker_holds_its_own_copy_of_a_numpy_cache():
+    tiny = [(np.zeros(1, np.uint8), 0)]
+    empty = loader_worker_memory(tiny, multiprocessing_context="spawn")
+    full = loader_worker_memory(_cache(32), multiprocessing_context="spawn")
+    assert full.private_bytes - empty.private_bytes >= 24 << 20  # pickled into the worker: a private copy

@@ -26,6 +26,7 @@ from jupyter_client.kernelspec import KernelSpecManager
 
 from tricks_lib.env import QUICK_ENV_VAR, describe
 from tricks_lib.results import NOTEBOOK_ENV_VAR, RESULTS_ENV_VAR, Record, load_records
+from tricks_lib.timing import PROGRESS_ENV_VAR
 
 __all__ = ["NotebookRun", "find_notebooks", "local_path_pattern", "run_notebooks", "write_summary"]
 
@@ -208,7 +209,9 @@ def run_notebooks(
     executed_dir.mkdir(exist_ok=True)
     records_path = out_dir / "records.jsonl"
     records_path.write_text("", encoding="utf-8")
-    saved_env = {k: os.environ.get(k) for k in (QUICK_ENV_VAR, RESULTS_ENV_VAR, NOTEBOOK_ENV_VAR, CUBLAS_ENV_VAR)}
+    saved_env = {
+        k: os.environ.get(k) for k in (QUICK_ENV_VAR, RESULTS_ENV_VAR, NOTEBOOK_ENV_VAR, CUBLAS_ENV_VAR, PROGRESS_ENV_VAR)
+    }
     runs = []
     try:
         os.environ[QUICK_ENV_VAR] = "1" if quick else "0"
@@ -216,6 +219,9 @@ def run_notebooks(
         # environment from the start for 07's deterministic mode to work on CUDA. It only fixes the
         # workspace size (a few MiB), so setting it for every notebook costs nothing measurable.
         os.environ.setdefault(CUBLAS_ENV_VAR, CUBLAS_DETERMINISTIC_CONFIG)
+        # Headless: the cells' own progress bars would only land as text in the stored outputs; the
+        # runner shows one bar per notebook instead.
+        os.environ[PROGRESS_ENV_VAR] = "0"
         os.environ[RESULTS_ENV_VAR] = str(records_path.resolve())
         for path in paths:
             os.environ[NOTEBOOK_ENV_VAR] = path.stem

@@ -12,6 +12,7 @@ fixed); this module adds the interleaving and the verdicts. Read top to bottom:
 from __future__ import annotations
 
 import logging
+import os
 import random
 import timeit
 from collections.abc import Callable, Mapping
@@ -103,12 +104,24 @@ def _warm_up(fn: Callable[[], object], device: torch.device, calls: int) -> None
     clock()  # drain queued device work so it is not billed to the first timed block
 
 
-def _progress_bar(enabled: bool, total: int | None, desc: str):
-    """A tqdm.auto bar (a widget in notebooks, text elsewhere), or None when disabled."""
-    if not enabled:
-        return None
-    from tqdm.auto import tqdm
+# Set to "0" by the main command and the test run: a headless run has no one to watch a bar, and
+# its text would end up in the stored notebook outputs.
+PROGRESS_ENV_VAR = "TRICKS_PROGRESS"
 
+
+def _progress_bar(enabled: bool, total: int | None, desc: str):
+    """A progress bar (a widget in Jupyter where ipywidgets is installed, text otherwise), or None.
+
+    None when ``enabled`` is False or ``TRICKS_PROGRESS=0``.
+    """
+    if not enabled or os.environ.get(PROGRESS_ENV_VAR) == "0":
+        return None
+    try:
+        import ipywidgets  # noqa: F401  (tqdm.auto's widget needs it; without it, it warns and prints text)
+
+        from tqdm.auto import tqdm
+    except ImportError:
+        from tqdm.std import tqdm
     return tqdm(total=total, desc=desc, leave=False)
 
 

@@ -1,10 +1,16 @@
-"""Make a cold page cache on demand, and check that it is cold.
+"""Page-cache control for cold reads, and the memory a RAM cache costs per DataLoader worker.
 
-``os.posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED)`` asks the kernel to drop a file's clean pages
-from the page cache, without root (unlike ``echo 3 > /proc/sys/vm/drop_caches``). The kernel may
-ignore the advice (dirty pages, tmpfs, other file systems), so residency is measured afterwards
-with ``mincore(2)`` on a read-only mapping of each file. Where ``mincore`` is unavailable (not
-Linux) the report says so instead of guessing.
+Page cache: ``os.posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED)`` asks the kernel to drop a file's
+clean pages from the page cache, without root (unlike ``echo 3 > /proc/sys/vm/drop_caches``). The
+kernel may ignore the advice (dirty pages, tmpfs, other file systems), so residency is measured
+afterwards with ``mincore(2)`` on a read-only mapping of each file. Where ``mincore`` is unavailable
+(not Linux) the report says so instead of guessing.
+
+Worker memory: a dataset that holds decoded samples in RAM is inherited copy-on-write by workers
+started with ``fork`` (shared until written), but pickled into every worker started with ``spawn``
+or ``forkserver``. ``process_memory`` reads a process's private memory (USS: pages no other process
+maps) from ``/proc/<pid>/smaps_rollup``; ``loader_worker_memory`` runs one epoch of a dataset in a
+DataLoader worker with a chosen start method and returns that worker's memory.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 
 @dataclass(frozen=True)
@@ -169,3 +176,151 @@ def evict_from_page_cache(paths: str | os.PathLike | Iterable[str | os.PathLike]
     after = page_cache_residency(paths)
     verified = after.fraction is not None and after.fraction <= tolerance
     return EvictionReport(before, after, verified)
+
+
+# /proc/<pid>/smaps_rollup (Linux 4.14+) sums /proc/<pid>/smaps over all mappings, in kB.
+_SMAPS_FIELDS = ("Rss", "Pss", "Private_Clean", "Private_Dirty", "Shared_Clean", "Shared_Dirty")
+START_METHODS = ("fork", "forkserver", "spawn")
+
+
+@dataclass(frozen=True)
+class ProcessMemory:
+    """A process's resident memory, from ``/proc/<pid>/smaps_rollup``; byte fields are None when unmeasurable.
+
+    ``private_bytes`` is the USS (unique set size, Private_Clean + Private_Dirty): what the system
+    would get back if the process exited. ``shared_bytes`` are resident pages it shares with other
+    processes (copy-on-write pages after ``fork``, shared memory, shared libraries).
+    """
+
+    pid: int
+    rss_bytes: int | None
+    pss_bytes: int | None
+    private_bytes: int | None
+    shared_bytes: int | None
+    method: str  # "smaps_rollup" or "unavailable: <reason>"
+
+    @property
+    def available(self) -> bool:
+        return self.private_bytes is not None
+
+    def __repr__(self) -> str:
+        if not self.available:
+            return f"ProcessMemory(pid {self.pid}, {self.method})"
+        mib = lambda n: f"{n / 2**20:.1f} MiB"  # noqa: E731
+        return (f"ProcessMemory(pid {self.pid}, private {mib(self.private_bytes)}, "
+                f"shared {mib(self.shared_bytes)}, rss {mib(self.rss_bytes)})")
+
+
+def _check_pid(pid: object) -> int:
+    if isinstance(pid, bool) or not isinstance(pid, int):
+        raise TypeError(f"pid must be an int, got {type(pid).__name__}")
+    if pid <= 0:
+        raise ValueError(f"pid must be a positive process id, got {pid}")
+    return pid
+
+
+def process_memory(pid: int | None = None, *, proc: str | os.PathLike = "/proc") -> ProcessMemory:
+    """Read the memory of process ``pid`` (default: this process) from ``<proc>/<pid>/smaps_rollup``.
+
+    Args:
+        pid: a process id; None for the calling process.
+        proc: where procfs is mounted (a parameter so tests can point it elsewhere).
+    Returns:
+        A :class:`ProcessMemory`. Where ``smaps_rollup`` does not exist (not Linux, Linux before 4.14,
+        no procfs) or cannot be read, its byte fields are None and ``method`` says why.
+    Raises:
+        TypeError / ValueError: ``pid`` is not a positive int.
+        ProcessLookupError: procfs works here but there is no process ``pid``.
+    """
+    pid = os.getpid() if pid is None else _check_pid(pid)
+    root = Path(proc)
+    path = root / str(pid) / "smaps_rollup"
+
+    def unavailable(reason: str) -> ProcessMemory:
+        return ProcessMemory(pid, None, None, None, None, f"unavailable: {reason}")
+
+    if not (root / "self" / "smaps_rollup").exists():
+        return unavailable(f"no {root}/<pid>/smaps_rollup here (needs Linux 4.14+ with procfs)")
+    if not (root / str(pid)).exists():
+        raise ProcessLookupError(f"no process {pid} in {root}")
+    try:
+        text = path.read_text()
+    except PermissionError:
+        return unavailable(f"{path} is not readable by this user")
+    except FileNotFoundError:  # the process exited between the two checks
+        raise ProcessLookupError(f"process {pid} exited before its memory was read") from None
+    kb = {}
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        if key in _SMAPS_FIELDS:
+            kb[key] = int(rest.split()[0])
+    missing = [f for f in _SMAPS_FIELDS if f not in kb]
+    if missing:
+        return unavailable(f"{path} has no field {missing[0]}")
+    return ProcessMemory(
+        pid=pid,
+        rss_bytes=kb["Rss"] * 1024,
+        pss_bytes=kb["Pss"] * 1024,
+        private_bytes=(kb["Private_Clean"] + kb["Private_Dirty"]) * 1024,
+        shared_bytes=(kb["Shared_Clean"] + kb["Shared_Dirty"]) * 1024,
+        method="smaps_rollup",
+    )
+
+
+class _EpochThenMemory(torch.utils.data.Dataset):
+    """One item: read every sample of ``dataset`` as an epoch would, then this process's memory."""
+
+    def __init__(self, dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, index: int) -> ProcessMemory:
+        from torch.utils.data import default_collate
+
+        for i in range(len(self.dataset)):
+            default_collate([self.dataset[i]])  # a batch of one: copies the sample, as collation does
+        return process_memory()
+
+
+def loader_worker_memory(dataset, *, multiprocessing_context: str, timeout: float = 300.0) -> ProcessMemory:
+    """Memory of a DataLoader worker after it read every sample of ``dataset`` once.
+
+    One worker is started with ``multiprocessing_context`` (``"fork"``: inherits the parent's
+    memory copy-on-write; ``"spawn"`` / ``"forkserver"``: gets the dataset pickled, so it holds its
+    own copy of whatever pickling copies). It reads ``dataset[0]``, ..., ``dataset[len - 1]``, collates
+    each as a batch of one (as an epoch would), then reads its own ``smaps_rollup`` and exits.
+    Compare the result with the same call on a tiny dataset to separate the dataset's share from
+    the cost of a worker process itself.
+
+    Args:
+        dataset: a map-style dataset (``len`` and ``[i]``); for ``spawn`` / ``forkserver`` it must be
+            picklable (no lambdas or notebook-local classes).
+        multiprocessing_context: one of ``"fork"``, ``"forkserver"``, ``"spawn"``.
+        timeout: seconds to wait for the worker (spawned workers import torch first).
+    Returns:
+        The worker's :class:`ProcessMemory` (byte fields None where ``smaps_rollup`` is unavailable).
+    Raises:
+        TypeError: ``dataset`` has no ``len``/``[i]``, or ``multiprocessing_context`` is not a str.
+        ValueError: an unknown start method, or one this platform does not offer; a non-positive timeout.
+    """
+    if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+        raise TypeError(f"dataset must support len() and [i], got {type(dataset).__name__}")
+    if not isinstance(multiprocessing_context, str):
+        raise TypeError(f"multiprocessing_context must be a str, got {type(multiprocessing_context).__name__}")
+    if multiprocessing_context not in START_METHODS:
+        raise ValueError(f"multiprocessing_context must be one of {START_METHODS}, got {multiprocessing_context!r}")
+    import multiprocessing
+
+    if multiprocessing_context not in multiprocessing.get_all_start_methods():
+        raise ValueError(f"start method {multiprocessing_context!r} is not available on this platform; "
+                         f"use one of {multiprocessing.get_all_start_methods()}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    from torch.utils.data import DataLoader
+
+    loader = DataLoader(_EpochThenMemory(dataset), batch_size=None, num_workers=1,
+                        multiprocessing_context=multiprocessing_context, timeout=timeout)
+    (report,) = list(loader)
+    return report

@@ -365,8 +365,8 @@ def _read_rows(
             ratio, _, _, heavier_is_different = paired(name, lighter)
             if heavier_is_different and ratio > 1:
                 suspect = (
-                    f"does more work than {lighter!r} yet measured {ratio:.2f}x faster than it: "
-                    "an artifact of the measurement, not a speedup"
+                    f"does more work than {lighter!r} yet measured {ratio:.2f}x faster than it: a side "
+                    "effect (run order, caches, memory allocation), not a speedup from the extra work"
                 )
         rows.append(
             ComparisonRow(

@@ -16,6 +16,7 @@ def test_fresh_cache_restores_the_setting(monkeypatch):
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/somewhere/else"
 
 
+@pytest.mark.slow
 def test_cold_and_warm_first_calls_run_in_fresh_processes(tmp_path):
     # The setup appends its process id to a file: it must run in two child processes (cold, warm)
     # and once in this one, and the children must not be this process.
@@ -45,6 +46,7 @@ def test_cold_and_warm_first_calls_run_in_fresh_processes(tmp_path):
     assert "fresh process" in repr(cost) and set(cost.to_dict()) >= {"cold_first_call_s", "import_torch_s"}
 
 
+@pytest.mark.slow
 def test_a_failing_setup_names_the_error():
     with pytest.raises(RuntimeError, match="ZeroDivisionError"):
         compile_cost("import torch\n1 / 0", "None", device="cpu")

@@ -195,6 +195,7 @@ def test_forked_worker_shares_the_cache_copy_on_write():
 
 
 @needs_smaps
+@pytest.mark.slow
 def test_spawned_worker_holds_its_own_copy_of_a_numpy_cache():
     tiny = [(np.zeros(1, np.uint8), 0)]
     empty = loader_worker_memory(tiny, multiprocessing_context="spawn")

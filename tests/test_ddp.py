@@ -1,6 +1,8 @@
 """Tests for tricks_lib.ddp: a real 2-process gloo run launched with torchrun through sys.executable."""
 
 import pytest
+
+pytestmark = pytest.mark.slow  # every test here launches processes
 import torch
 
 from tricks_lib.bench import Measurement

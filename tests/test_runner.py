@@ -43,6 +43,7 @@ def test_find_notebooks_selects_by_prefix(notebooks):
         find_notebooks(notebooks / "empty_missing")
 
 
+@pytest.mark.slow
 def test_run_records_summary_and_refresh(notebooks, tmp_path):
     out = tmp_path / "out"
     runs = run_notebooks(find_notebooks(notebooks, ["10"]), out, quick=True, refresh=True, progress=False)
@@ -60,6 +61,7 @@ def test_run_records_summary_and_refresh(notebooks, tmp_path):
     assert (out / "notebooks" / "10_ok.ipynb").exists()
 
 
+@pytest.mark.slow
 def test_kernels_start_with_cublas_configured_for_determinism(notebooks, tmp_path, monkeypatch):
     # cuBLAS reads CUBLAS_WORKSPACE_CONFIG once, at the first cuBLAS call: setting it inside a cell
     # is too late once any matmul ran, so the kernel must inherit it.
@@ -87,6 +89,7 @@ def test_summary_shows_compile_costs(tmp_path):
     assert "first call, empty caches | 9 s" in md.read_text()
 
 
+@pytest.mark.slow
 def test_failure_names_notebook_and_cell(notebooks, tmp_path, capsys):
     code = main(["run", "--quick", "--only", "20", "--notebooks", str(notebooks), "--out", str(tmp_path / "o"),
                  "--no-progress"])
@@ -101,6 +104,7 @@ def test_failure_names_notebook_and_cell(notebooks, tmp_path, capsys):
                if c.cell_type == "code")
 
 
+@pytest.mark.slow
 def test_cell_timeout_is_enforced(tmp_path):
     folder = tmp_path / "nbs"
     folder.mkdir()
@@ -110,6 +114,7 @@ def test_cell_timeout_is_enforced(tmp_path):
     assert runs[0].seconds < 45
 
 
+@pytest.mark.slow
 def test_unreadable_notebook_is_reported_not_fatal(tmp_path):
     folder = tmp_path / "nbs"
     folder.mkdir()

@@ -19,7 +19,7 @@ def verdict_class(verdict: str | None) -> str | None:
     """'faster', 'slower', 'not significant', or None for rows without a comparison verdict."""
     if not verdict:
         return None
-    v = verdict.split(" (suspect")[0]
+    v = verdict.split(" (")[0]  # "(suspect: ...)", "(fresh replicates disagree: ...)"
     if v.endswith("x faster"):
         return "faster"
     if v.endswith("x slower"):

@@ -343,3 +343,89 @@ def test_progress_bars_can_be_switched_off_for_headless_runs(monkeypatch):
     monkeypatch.setenv("TRICKS_PROGRESS", "0")
     assert timing._progress_bar(True, 3, "x") is None
     assert timing._progress_bar(False, 3, "x") is None
+
+
+def replicate_clock(monkeypatch, cost_by_replicate):
+    """A fake clock whose per-call cost depends on the replicate: state that a builder draws afresh.
+
+    Returns a builder for compare(); each call starts the next replicate."""
+    import tricks_lib.timing as bench
+
+    state = {"replicate": -1}
+
+    def run_block(timer, number):
+        return number * cost_by_replicate[timer._task_spec.label][state["replicate"]]
+
+    def build():
+        state["replicate"] += 1
+        return {name: (lambda: None) for name in cost_by_replicate}
+
+    monkeypatch.setattr(bench, "_run_block", run_block)
+    monkeypatch.setattr(bench, "_calibrate", lambda timer, target: 1)
+    return build, state
+
+
+def test_a_difference_that_one_fresh_replicate_does_not_show_is_not_significant(monkeypatch):
+    # Three of four builds put "b" somewhere slow (1.3x), one somewhere fast (0.8x): the pooled
+    # interval of all rounds clears 3% (three quarters of the rounds say slower), yet a rerun can
+    # draw the fast state. Without replicates the same rounds read as a reproducible slowdown.
+    costs = {"a": [1e-3] * 4, "b": [1.3e-3, 1.3e-3, 0.8e-3, 1.3e-3]}
+    build, state = replicate_clock(monkeypatch, costs)
+    c = compare(build, baseline="a", replicates=4, warmup=0, min_rounds=40, max_rounds=40, device="cpu")
+    row = c["b"]
+    assert state["replicate"] == 3 and c.replicate_rounds == (10, 10, 10, 10) and c.rounds == 40
+    slow = round(1 / 1.3, 3)
+    assert [round(s, 3) for s in row.replicate_speedups] == [slow, slow, 1.25, slow]
+    assert row.pooled_significant and not row.significant and row.not_reproduced
+    assert row.verdict.startswith("not significant (fresh replicates disagree: 0.77x, 0.77x, 1.25x, 0.77x")
+    assert row.to_dict()["replicate_speedups"] == list(row.replicate_speedups)
+    assert "each of 4 replicates" in c.to_markdown()
+    # The same blocks with no replicate structure: the pooled interval alone calls it slower.
+    pooled = c.versus("b", "a")
+    assert pooled.not_reproduced and not pooled.significant
+
+
+def test_a_difference_every_fresh_replicate_shows_stays_significant(monkeypatch):
+    costs = {"a": [1e-3, 1e-3, 1e-3], "b": [2e-3, 1.8e-3, 2.2e-3]}
+    build, _ = replicate_clock(monkeypatch, costs)
+    c = compare(build, baseline="a", replicates=3, warmup=0, min_rounds=24, max_rounds=24, device="cpu")
+    assert c["b"].significant and c["b"].verdict == "2.00x slower"
+    assert c.versus("a", "b").significant and c.versus("a", "b").speedup == pytest.approx(2.0)
+    assert c["a"].replicate_speedups == ()  # the baseline has nothing to agree with
+
+
+def test_each_replicate_runs_on_freshly_built_variants(monkeypatch):
+    built = []
+
+    def build():
+        calls = []
+        built.append(calls)
+        return {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}
+
+    fake_clock(monkeypatch, {"a": 1e-3, "b": 1e-3})
+    compare(build, baseline="a", replicates=3, warmup=1, min_rounds=9, max_rounds=9, device="cpu", number=1)
+    assert len(built) == 3 and all(sorted(set(calls)) == ["a", "b"] for calls in built)
+
+
+@pytest.mark.parametrize(
+    "call, error, message",
+    [
+        (lambda: compare({"a": lambda: None}, baseline="a", replicates=2), TypeError, "builds the dict"),
+        (lambda: compare(lambda: {"a": lambda: None}, baseline="a", replicates=0), ValueError, "positive"),
+        (lambda: compare(lambda: {"a": lambda: None}, baseline="a", replicates=True), TypeError, "replicates"),
+        (lambda: compare(lambda: {"a": lambda: None}, baseline="a", replicates=16, min_rounds=15), ValueError,
+         "cannot exceed min_rounds"),
+        (lambda: compare(lambda: [1], baseline="a"), TypeError, "function that builds one"),
+    ],
+)
+def test_bad_replicate_arguments_raise_clear_errors(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
+def test_a_builder_that_changes_its_variants_is_an_error(monkeypatch):
+    fake_clock(monkeypatch, {"a": 1e-3, "b": 1e-3, "c": 1e-3})
+    names = iter([["a", "b"], ["a", "c"]])
+    with pytest.raises(ValueError, match="same variants"):
+        compare(lambda: {n: (lambda: None) for n in next(names)}, baseline="a", replicates=2, min_rounds=8,
+                max_rounds=8, device="cpu", number=1, warmup=0)

@@ -33,4 +33,5 @@ def test_verdict_classes():
     assert verdict_flips.verdict_class("1.20x faster") == "faster"
     assert verdict_flips.verdict_class("3.00x slower (suspect: x)") == "slower"
     assert verdict_flips.verdict_class("not significant") == "not significant"
+    assert verdict_flips.verdict_class("not significant (fresh replicates disagree: 0.90x, 1.10x)") == "not significant"
     assert verdict_flips.verdict_class("baseline") is None and verdict_flips.verdict_class(None) is None

@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tricks_lib.formatting import format_bytes, format_seconds, html_table, markdown_table
-from tricks_lib.stats import CONFIDENCE, MIN_BLOCKS_FOR_SPREAD, NOISE_THRESHOLD, paired_speedup
+from tricks_lib.stats import (
+    CONFIDENCE,
+    MIN_BLOCKS_FOR_SPREAD,
+    NOISE_THRESHOLD,
+    paired_speedup,
+    replicate_speedups,
+    replicates_agree,
+)
 
 if TYPE_CHECKING:
     from tricks_lib.memory import MemoryReport
@@ -126,11 +133,24 @@ class ComparisonRow:
     # Set when this variant was declared to do strictly more work than another (``compare(more_work=)``)
     # yet came out significantly faster than it: an artifact of the measurement, not a speedup.
     suspect: str | None = None
+    # The speedup within each replicate (``compare(replicates=)``: rounds on freshly built variants).
+    # A paired interval that clears the threshold while one replicate does not is "not significant":
+    # the difference did not reproduce on fresh state, so a rerun need not show it.
+    replicate_speedups: tuple[float, ...] = ()
+    pooled_significant: bool = False  # the paired interval of all rounds alone clears the threshold
+
+    @property
+    def not_reproduced(self) -> bool:
+        """True when the pooled interval alone would call this significant but a replicate disagrees."""
+        return bool(self.replicate_speedups) and self.pooled_significant and not self.significant
 
     @property
     def verdict(self) -> str:
         if self.is_baseline:
             verdict = "baseline"
+        elif self.not_reproduced:
+            each = ", ".join(f"{s:.2f}x" for s in self.replicate_speedups)
+            verdict = f"not significant (fresh replicates disagree: {each})"
         elif not self.significant:
             verdict = "not significant"
         elif self.speedup >= 1:
@@ -148,6 +168,8 @@ class ComparisonRow:
             verdict=self.verdict,
             suspect=self.suspect,
         )
+        if self.replicate_speedups:
+            out["replicate_speedups"] = [_finite_or_none(x) for x in self.replicate_speedups]
         if self.memory is not None:
             out["memory"] = self.memory.to_dict()
         return out
@@ -165,6 +187,8 @@ class Comparison:
     num_threads: int
     min_effect: float
     per_item: bool = False  # speedups compare time per item (variants process different counts)
+    # Rounds in each replicate, in order (empty: one stretch of rounds on variants built once).
+    replicate_rounds: tuple[int, ...] = ()
 
     def __getitem__(self, name: str) -> ComparisonRow:
         for row in self.rows:
@@ -184,13 +208,25 @@ class Comparison:
         """
         row, ref = self[name], self[reference]
         items = (row.measurement.items, ref.measurement.items) if self.per_item else (1, 1)
-        speedup, lo, hi, significant = paired_speedup(
+        speedup, lo, hi, pooled = paired_speedup(
             ref.measurement.times, row.measurement.times, items[1], items[0], self.min_effect
         )
+        each: tuple[float, ...] = ()
+        if self.replicate_rounds:
+            each = replicate_speedups(
+                ref.measurement.times, row.measurement.times, items[1], items[0], self.replicate_rounds
+            )
         if name == reference:
-            speedup, lo, hi, significant = 1.0, 1.0, 1.0, False
+            speedup, lo, hi, pooled, each = 1.0, 1.0, 1.0, False, ()
         return dataclasses.replace(
-            row, speedup=speedup, ci_low=lo, ci_high=hi, significant=significant, is_baseline=name == reference
+            row,
+            speedup=speedup,
+            ci_low=lo,
+            ci_high=hi,
+            significant=pooled and replicates_agree(each, self.min_effect),
+            pooled_significant=pooled,
+            replicate_speedups=each,
+            is_baseline=name == reference,
         )
 
     def _table(self) -> tuple[list[str], list[list[str]]]:
@@ -226,7 +262,14 @@ class Comparison:
         return (
             f"{self.label}: {self.rounds} interleaved rounds on {self.device}, {self.num_threads} threads; "
             f"'significant' = the {CONFIDENCE:.0%} paired interval of the speedup lies at least "
-            f"{self.min_effect:.0%} away from 1x; variant order shuffled per round"
+            f"{self.min_effect:.0%} away from 1x"
+            + (
+                f" and each of {len(self.replicate_rounds)} replicates (rounds on freshly built variants) "
+                f"shows at least {self.min_effect:.0%} in the same direction"
+                if self.replicate_rounds
+                else ""
+            )
+            + "; variant order shuffled per round"
             + ("; speedup per item, since the variants process different numbers of items" if self.per_item else "")
         )
 
@@ -252,6 +295,7 @@ class Comparison:
             "label": self.label,
             "baseline": self.baseline,
             "rounds": self.rounds,
+            "replicate_rounds": list(self.replicate_rounds),
             "device": self.device,
             "num_threads": self.num_threads,
             "rows": [r.to_dict() for r in self.rows],

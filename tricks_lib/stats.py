@@ -19,6 +19,8 @@ __all__ = [
     "NOISE_THRESHOLD",
     "median_interval",
     "paired_speedup",
+    "replicate_speedups",
+    "replicates_agree",
 ]
 
 # IQR/median above this marks a measurement as noisy (the same threshold torch.utils.benchmark warns at).
@@ -83,3 +85,43 @@ def paired_speedup(
     faster, slower = 1.0 + min_effect, 1.0 / (1.0 + min_effect)
     significant = (lo >= faster and speedup >= faster) or (hi <= slower and speedup <= slower)
     return speedup, lo, hi, significant
+
+
+def replicates_agree(speedups: Sequence[float], min_effect: float) -> bool:
+    """True when every replicate's speedup lies at least ``min_effect`` from 1x, all on the same side.
+
+    A replicate is a stretch of rounds run on freshly built variants (new models, tensors, loaders).
+    The paired interval only sees the noise between rounds of one run; state that a run builds once
+    (where its tensors landed in memory, which worker started first) moves a whole run's result, and
+    a rerun gets a different draw. A difference that each fresh replicate shows on its own is one a
+    rerun reproduces; with fewer than two replicates there is nothing to agree, so this is True.
+    """
+    if len(speedups) < 2:
+        return True
+    faster, slower = 1.0 + min_effect, 1.0 / (1.0 + min_effect)
+    return all(s >= faster for s in speedups) or all(s <= slower for s in speedups)
+
+
+def replicate_speedups(
+    base_times: Sequence[float],
+    times: Sequence[float],
+    base_items: int,
+    items: int,
+    rounds_per_replicate: Sequence[int],
+) -> tuple[float, ...]:
+    """The ratio of medians of each replicate's rounds (the block times are in round order).
+
+    Raises:
+        ValueError: the replicate round counts do not add up to the number of paired blocks.
+    """
+    if sum(rounds_per_replicate) != len(base_times) or len(base_times) != len(times):
+        raise ValueError(
+            f"replicates of {list(rounds_per_replicate)} rounds do not match {len(base_times)} and {len(times)} blocks"
+        )
+    out, start = [], 0
+    for n in rounds_per_replicate:
+        base = float(np.median(base_times[start : start + n])) / base_items
+        mine = float(np.median(times[start : start + n])) / items
+        out.append(base / mine if mine > 0 else math.inf)
+        start += n
+    return tuple(out)

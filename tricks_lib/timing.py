@@ -11,7 +11,9 @@ fixed); this module adds the interleaving and the verdicts. Read top to bottom:
 
 from __future__ import annotations
 
+import gc
 import logging
+import math
 import os
 import random
 import timeit
@@ -30,6 +32,8 @@ from tricks_lib.stats import (
     MIN_BLOCKS_FOR_SPREAD,
     MIN_ROUNDS_FOR_VERDICT,
     paired_speedup,
+    replicate_speedups,
+    replicates_agree,
 )
 
 if TYPE_CHECKING:
@@ -235,20 +239,42 @@ class _CompareSpec:
     min_effect: float
     more_work: dict[str, str]
     order_seed: int
+    replicates: int
+    build: Callable[[], Mapping[str, Callable[[], object]]] | None
 
 
-def _check_compare_args(
-    variants, baseline, items, min_run_time, min_rounds, max_rounds, device, warmup, number, min_effect,
-    more_work, order_seed,
-) -> _CompareSpec:
+def _check_variants(variants: object, expected: list[str] | None = None) -> dict[str, Callable[[], object]]:
+    """A dict of name -> callable; with ``expected``, a rebuilt one must name the same variants."""
     if not isinstance(variants, Mapping):
-        raise TypeError(f"variants must be a dict of name -> callable, got {type(variants).__name__}")
+        raise TypeError(
+            f"variants must be a dict of name -> callable (or a function that builds one), got {type(variants).__name__}"
+        )
     if not variants:
         raise ValueError("variants is empty: pass at least the baseline, e.g. {'baseline': fn}")
     for name, fn in variants.items():
         if not isinstance(name, str):
             raise TypeError(f"variant names must be strings, got {name!r}")
         check_callable(fn, f"variant {name!r}")
+    if expected is not None and list(variants) != expected:
+        raise ValueError(f"the variants builder returned {list(variants)} after {expected}: it must build the same variants")
+    return dict(variants)
+
+
+def _check_compare_args(
+    variants, baseline, items, min_run_time, min_rounds, max_rounds, device, warmup, number, min_effect,
+    more_work, order_seed, replicates,
+) -> _CompareSpec:
+    check_positive(replicates, "replicates", allow_none=False, integer=True)
+    build = None
+    if callable(variants) and not isinstance(variants, Mapping):
+        build = variants
+        variants = build()
+    elif replicates > 1:
+        raise TypeError(
+            "replicates > 1 needs variants as a function that builds the dict (e.g. lambda: {...}), so that "
+            "each replicate runs on fresh models, tensors and loaders"
+        )
+    variants = _check_variants(variants)
     if baseline not in variants:
         raise ValueError(f"baseline {baseline!r} is not one of the variants {list(variants)}")
     if isinstance(items, Mapping):
@@ -283,6 +309,8 @@ def _check_compare_args(
         if heavy == light:
             raise ValueError(f"more_work pairs {heavy!r} with itself: name the lighter variant it does more than")
     check_non_negative_int(order_seed, "order_seed")
+    if replicates > min_rounds:
+        raise ValueError(f"replicates ({replicates}) cannot exceed min_rounds ({min_rounds}): each replicate needs a round")
     per_item = isinstance(items, Mapping) and all(name in items for name in variants)
     counts = {name: (items.get(name) if isinstance(items, Mapping) else items) for name in variants}
     return _CompareSpec(
@@ -299,50 +327,68 @@ def _check_compare_args(
         min_effect=float(min_effect),
         more_work=dict(more_work),
         order_seed=order_seed,
+        replicates=replicates,
+        build=build,
     )
 
 
-def _run_rounds(spec: _CompareSpec, progress: bool) -> tuple[dict[str, int], dict[str, list[float]], int]:
+def _run_rounds(
+    spec: _CompareSpec, progress: bool
+) -> tuple[dict[str, int], dict[str, list[float]], tuple[int, ...], dict[str, Callable[[], object]]]:
     """Warm up, calibrate, then time one block of every variant per round, in a shuffled order.
 
-    Returns calls per block, per-call block times by variant (in round order, so they pair up), and
-    the number of rounds.
+    With replicates, the rounds are split into that many stretches, each on variants built afresh
+    (the first replicate calibrates the calls per block for all). Returns calls per block, per-call
+    block times by variant (in round order, so they pair up), the rounds of each replicate, and the
+    variants of the last replicate.
     """
     names = list(spec.variants)
-    for name in names:
-        _warm_up(spec.variants[name], spec.device, spec.warmup)
-    timers = {name: _make_timer(spec.variants[name], spec.device, name) for name in names}
-    target_block = spec.run_time / (2 * spec.min_rounds)
-    numbers = {name: spec.number or _calibrate(timers[name], target_block) for name in names}
     # A fixed order (A B C A B C ...) turns any steady position effect (a cache warmed by the variant
     # before, a frequency step at the start of a round) into a fake speedup; a seeded shuffle per
     # round spreads it over all variants and keeps the run repeatable.
     order_rng = random.Random(spec.order_seed)
     block_times: dict[str, list[float]] = {name: [] for name in names}
-    spent, rounds = 0.0, 0
-    bar = _progress_bar(progress, spec.min_rounds, f"comparing {len(names)} variants")
+    min_rounds = math.ceil(spec.min_rounds / spec.replicates)
+    max_rounds = max(min_rounds, spec.max_rounds // spec.replicates)
+    run_time = spec.run_time / spec.replicates
+    variants, numbers, per_replicate = spec.variants, None, []
+    bar = _progress_bar(progress, min_rounds * spec.replicates, f"comparing {len(names)} variants")
     try:
-        while rounds < spec.max_rounds and (rounds < spec.min_rounds or spent < spec.run_time * len(names)):
-            order = names[:]
-            order_rng.shuffle(order)
-            for name in order:
-                elapsed = _run_block(timers[name], numbers[name])
-                block_times[name].append(elapsed / numbers[name])
-                spent += elapsed
-            rounds += 1
-            if bar is not None:
-                bar.total = max(bar.total, rounds)
-                bar.update(1)
+        for replicate in range(spec.replicates):
+            if replicate > 0:
+                variants = None
+                gc.collect()  # free the last replicate's state before building the next
+                variants = _check_variants(spec.build(), names)
+            for name in names:
+                _warm_up(variants[name], spec.device, spec.warmup)
+            timers = {name: _make_timer(variants[name], spec.device, name) for name in names}
+            if numbers is None:
+                target_block = spec.run_time / (2 * spec.min_rounds)
+                numbers = {name: spec.number or _calibrate(timers[name], target_block) for name in names}
+            spent, rounds = 0.0, 0
+            while rounds < max_rounds and (rounds < min_rounds or spent < run_time * len(names)):
+                order = names[:]
+                order_rng.shuffle(order)
+                for name in order:
+                    elapsed = _run_block(timers[name], numbers[name])
+                    block_times[name].append(elapsed / numbers[name])
+                    spent += elapsed
+                rounds += 1
+                if bar is not None:
+                    bar.total = max(bar.total, sum(per_replicate) + rounds)
+                    bar.update(1)
+            per_replicate.append(rounds)
     finally:
         if bar is not None:
             bar.close()
-    return numbers, block_times, rounds
+    return numbers, block_times, tuple(per_replicate), variants
 
 
 def _read_rows(
     spec: _CompareSpec,
     measurements: dict[str, Measurement],
     reports: dict[str, MemoryReport],
+    replicate_rounds: tuple[int, ...],
 ) -> tuple[ComparisonRow, ...]:
     """Each variant against the baseline, and each declared heavier variant against its lighter one."""
     scale = {name: (spec.items[name] if spec.per_item else 1) for name in spec.variants}
@@ -355,10 +401,15 @@ def _read_rows(
 
     rows = []
     for name, m in measurements.items():
+        each: tuple[float, ...] = ()
         if name == base:
-            speedup, lo, hi, significant = 1.0, 1.0, 1.0, False
+            speedup, lo, hi, pooled = 1.0, 1.0, 1.0, False
         else:
-            speedup, lo, hi, significant = paired(name, base)
+            speedup, lo, hi, pooled = paired(name, base)
+            if spec.replicates > 1:
+                each = replicate_speedups(
+                    measurements[base].times, m.times, scale[base], scale[name], replicate_rounds
+                )
         suspect = None
         lighter = spec.more_work.get(name)
         if lighter is not None:
@@ -375,17 +426,19 @@ def _read_rows(
                 speedup=speedup,
                 ci_low=lo,
                 ci_high=hi,
-                significant=significant,
+                significant=pooled and replicates_agree(each, spec.min_effect),
                 is_baseline=name == base,
                 memory=reports.get(name),
                 suspect=suspect,
+                replicate_speedups=each,
+                pooled_significant=pooled,
             )
         )
     return tuple(rows)
 
 
 def compare(
-    variants: Mapping[str, Callable[[], object]],
+    variants: Mapping[str, Callable[[], object]] | Callable[[], Mapping[str, Callable[[], object]]],
     *,
     baseline: str,
     items: int | Mapping[str, int] | None = None,
@@ -401,6 +454,7 @@ def compare(
     more_work: Mapping[str, str] | None = None,
     order_seed: int = 0,
     progress: bool = False,
+    replicates: int = 1,
 ) -> Comparison:
     """Time variants interleaved round by round and read each against ``baseline``.
 
@@ -411,7 +465,8 @@ def compare(
     agrees); otherwise it is "not significant", never a speedup.
 
     Args:
-        variants: name -> zero-argument callable; each must do the same work (check that first).
+        variants: name -> zero-argument callable; each must do the same work (check that first). Or a
+            zero-argument function that builds that dict, called once per replicate.
         baseline: the name of the reference variant.
         items: things processed per call, one count for all or a dict name -> count. With a count
             for every variant, speedups compare time per item (throughput), not time per call.
@@ -431,23 +486,31 @@ def compare(
             verdict says so: such a result is an artifact, not a speedup.
         order_seed: seeds the per-round shuffle of the variant order.
         progress: show a progress bar over the rounds (tqdm.auto); off by default.
+        replicates: split the rounds (``min_rounds``, ``max_rounds`` and the time budget) into this
+            many stretches, each on variants that ``variants()`` builds afresh. The paired interval
+            only sees noise between rounds; where a result depends on state built once per run (where
+            tensors landed in memory, worker start-up, page cache), a rerun gets another draw of it.
+            With replicates, a variant is significant only when every replicate also shows at least
+            ``min_effect`` in the same direction (``row.replicate_speedups``), so the verdict is one a
+            rerun reproduces.
 
     Raises:
         TypeError / ValueError: empty or non-dict ``variants``, a non-callable variant, an unknown
-            ``baseline`` or ``more_work`` name, non-positive sizes or durations.
+            ``baseline`` or ``more_work`` name, non-positive sizes or durations, ``replicates`` > 1
+            with a dict instead of a builder, a builder that returns other variants the next time.
     """
     spec = _check_compare_args(
         variants, baseline, items, min_run_time, min_rounds, max_rounds, device, warmup, number, min_effect,
-        more_work, order_seed,
+        more_work, order_seed, replicates,
     )
     check_flag(memory, "memory")
     check_flag(progress, "progress")
-    numbers, block_times, rounds = _run_rounds(spec, progress)
+    numbers, block_times, replicate_rounds, variants = _run_rounds(spec, progress)
     reports = {}
     if memory:
         from tricks_lib.memory import measure_memory
 
-        reports = {name: measure_memory(fn, label=name, device=spec.device) for name, fn in spec.variants.items()}
+        reports = {name: measure_memory(fn, label=name, device=spec.device) for name, fn in variants.items()}
     threads = torch.get_num_threads()
     measurements = {
         name: Measurement(
@@ -463,10 +526,11 @@ def compare(
     return Comparison(
         label=label or f"vs {baseline}",
         baseline=baseline,
-        rows=_read_rows(spec, measurements, reports),
-        rounds=rounds,
+        rows=_read_rows(spec, measurements, reports, replicate_rounds if spec.replicates > 1 else ()),
+        rounds=sum(replicate_rounds),
         device=str(spec.device),
         num_threads=threads,
         min_effect=spec.min_effect,
         per_item=spec.per_item,
+        replicate_rounds=replicate_rounds if spec.replicates > 1 else (),
     )

@@ -14,8 +14,8 @@ import torch
 from torch.utils.benchmark import Timer
 
 from tricks_lib.bench import measure
-from tricks_lib.timing import _make_timer, _run_block
 from tricks_lib.env import describe, pick_device
+from tricks_lib.timing import _make_timer, _run_block
 
 
 def overhead():

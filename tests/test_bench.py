@@ -57,8 +57,15 @@ def test_measure_runs_warmup_before_timing(monkeypatch):
     assert calls_when_timing_starts == [3]
     calls.clear()
     calls_when_timing_starts.clear()
-    compare({"a": lambda: calls.append(1), "b": lambda: calls.append(1)}, baseline="a", warmup=2,
-            number=1, min_rounds=8, max_rounds=8, device="cpu")
+    compare(
+        {"a": lambda: calls.append(1), "b": lambda: calls.append(1)},
+        baseline="a",
+        warmup=2,
+        number=1,
+        min_rounds=8,
+        max_rounds=8,
+        device="cpu",
+    )
     assert calls_when_timing_starts == [4, 4]  # both variants warmed up twice before any timer exists
 
 
@@ -89,8 +96,16 @@ def test_interleaving_order_is_round_by_round():
 def test_variant_order_is_shuffled_per_round_and_seeded():
     def run(seed):
         log = []
-        compare({name: (lambda n=name: log.append(n)) for name in "ABCD"}, baseline="A", number=1, warmup=0,
-                min_rounds=12, max_rounds=12, device="cpu", order_seed=seed)
+        compare(
+            {name: (lambda n=name: log.append(n)) for name in "ABCD"},
+            baseline="A",
+            number=1,
+            warmup=0,
+            min_rounds=12,
+            max_rounds=12,
+            device="cpu",
+            order_seed=seed,
+        )
         return [tuple(log[i : i + 4]) for i in range(0, len(log), 4)]
 
     rounds = run(0)
@@ -114,16 +129,21 @@ def test_a_position_effect_is_not_read_as_a_speedup(monkeypatch):
 
     monkeypatch.setattr(bench, "_run_block", run_block)
     monkeypatch.setattr(bench, "_calibrate", lambda timer, target: 1)
-    c = compare({"A": lambda: None, "A again": lambda: None}, baseline="A", warmup=0, min_rounds=40,
-                max_rounds=40, device="cpu")
+    c = compare(
+        {"A": lambda: None, "A again": lambda: None}, baseline="A", warmup=0, min_rounds=40, max_rounds=40, device="cpu"
+    )
     assert not c["A again"].significant, c
 
 
 def test_heavier_variant_measured_faster_is_flagged(monkeypatch):
     fake_clock(monkeypatch, {"decode": 2e-3, "decode + convert": 1e-3, "decode twice": 4e-3})
-    c = compare({"decode": lambda: None, "decode + convert": lambda: None, "decode twice": lambda: None},
-                baseline="decode", min_run_time=0.5, device="cpu",
-                more_work={"decode + convert": "decode", "decode twice": "decode"})
+    c = compare(
+        {"decode": lambda: None, "decode + convert": lambda: None, "decode twice": lambda: None},
+        baseline="decode",
+        min_run_time=0.5,
+        device="cpu",
+        more_work={"decode + convert": "decode", "decode twice": "decode"},
+    )
     flagged = c["decode + convert"]
     assert flagged.suspect is not None and "more work than 'decode'" in flagged.suspect
     assert "suspect" in flagged.verdict and flagged.to_dict()["suspect"] == flagged.suspect
@@ -133,8 +153,7 @@ def test_heavier_variant_measured_faster_is_flagged(monkeypatch):
 
 def test_versus_reads_one_variant_against_another(monkeypatch):
     fake_clock(monkeypatch, {"a": 1e-3, "b": 2e-3, "c": 4e-3})
-    c = compare({"a": lambda: None, "b": lambda: None, "c": lambda: None}, baseline="a", min_run_time=0.5,
-                device="cpu")
+    c = compare({"a": lambda: None, "b": lambda: None, "c": lambda: None}, baseline="a", min_run_time=0.5, device="cpu")
     c_vs_b = c.versus("c", "b")
     assert c_vs_b.speedup == pytest.approx(0.5, rel=0.03) and c_vs_b.significant
     assert c_vs_b.verdict.endswith("x slower") and c_vs_b.ci_high < 1
@@ -156,8 +175,14 @@ def test_a_slow_call_still_gets_a_spread_estimate():
 
 def test_progress_bars_do_not_change_results(capsys, monkeypatch):
     monkeypatch.delenv("TRICKS_PROGRESS", raising=False)
-    c = compare({"a": busy(0.0005), "b": busy(0.0005)}, baseline="a", min_rounds=8, min_run_time=0.01,
-                device="cpu", progress=True)
+    c = compare(
+        {"a": busy(0.0005), "b": busy(0.0005)},
+        baseline="a",
+        min_rounds=8,
+        min_run_time=0.01,
+        device="cpu",
+        progress=True,
+    )
     assert c.rounds >= 8
     m = measure(busy(0.0005), min_run_time=0.01, device="cpu", progress=True)
     assert len(m.times) >= 3
@@ -205,8 +230,9 @@ def test_small_consistent_difference_is_not_a_speedup(monkeypatch):
     assert c["b"].ci_high < 1.0  # consistently slower...
     assert not c["b"].significant  # ...but not by enough to be called anything
     fake_clock(monkeypatch, {"a": 1e-3, "b": 1.3e-3})
-    strict = compare({"a": lambda: None, "b": lambda: None}, baseline="a", min_run_time=0.5, device="cpu",
-                     min_effect=0.05)
+    strict = compare(
+        {"a": lambda: None, "b": lambda: None}, baseline="a", min_run_time=0.5, device="cpu", min_effect=0.05
+    )
     assert strict["b"].significant and strict["b"].speedup == pytest.approx(1 / 1.3, rel=0.02)
 
 
@@ -219,8 +245,9 @@ def test_noise_alone_is_not_significant(monkeypatch):
 def test_compare_items_per_variant_compares_throughput(monkeypatch):
     # b takes twice as long per call but does four times the items: twice the throughput.
     fake_clock(monkeypatch, {"a": 1e-3, "b": 2e-3})
-    c = compare({"a": lambda: None, "b": lambda: None}, baseline="a", items={"a": 10, "b": 40},
-                min_run_time=0.5, device="cpu")
+    c = compare(
+        {"a": lambda: None, "b": lambda: None}, baseline="a", items={"a": 10, "b": 40}, min_run_time=0.5, device="cpu"
+    )
     assert c["b"].measurement.items == 40 and c.per_item
     assert c["b"].speedup == pytest.approx(2.0, rel=0.02)
     assert re.fullmatch(r"(1\.9\d|2\.0\d)x faster", c["b"].verdict)
@@ -413,8 +440,11 @@ def test_each_replicate_runs_on_freshly_built_variants(monkeypatch):
         (lambda: compare({"a": lambda: None}, baseline="a", replicates=2), TypeError, "builds the dict"),
         (lambda: compare(lambda: {"a": lambda: None}, baseline="a", replicates=0), ValueError, "positive"),
         (lambda: compare(lambda: {"a": lambda: None}, baseline="a", replicates=True), TypeError, "replicates"),
-        (lambda: compare(lambda: {"a": lambda: None}, baseline="a", replicates=16, min_rounds=15), ValueError,
-         "cannot exceed min_rounds"),
+        (
+            lambda: compare(lambda: {"a": lambda: None}, baseline="a", replicates=16, min_rounds=15),
+            ValueError,
+            "cannot exceed min_rounds",
+        ),
         (lambda: compare(lambda: [1], baseline="a"), TypeError, "function that builds one"),
     ],
 )
@@ -427,5 +457,13 @@ def test_a_builder_that_changes_its_variants_is_an_error(monkeypatch):
     fake_clock(monkeypatch, {"a": 1e-3, "b": 1e-3, "c": 1e-3})
     names = iter([["a", "b"], ["a", "c"]])
     with pytest.raises(ValueError, match="same variants"):
-        compare(lambda: {n: (lambda: None) for n in next(names)}, baseline="a", replicates=2, min_rounds=8,
-                max_rounds=8, device="cpu", number=1, warmup=0)
+        compare(
+            lambda: {n: (lambda: None) for n in next(names)},
+            baseline="a",
+            replicates=2,
+            min_rounds=8,
+            max_rounds=8,
+            device="cpu",
+            number=1,
+            warmup=0,
+        )

@@ -53,8 +53,15 @@ def test_a_failing_setup_names_the_error():
 
 
 def _cost(cold, warm):
-    return CompileCost(cold_seconds=cold, warm_seconds=warm, import_torch_seconds=1.0, cold_process_seconds=cold + 2,
-                       warm_process_seconds=warm + 2, compiled=lambda: None, namespace={})
+    return CompileCost(
+        cold_seconds=cold,
+        warm_seconds=warm,
+        import_torch_seconds=1.0,
+        cold_process_seconds=cold + 2,
+        warm_process_seconds=warm + 2,
+        compiled=lambda: None,
+        namespace={},
+    )
 
 
 def test_break_even_counts_the_first_call_against_the_saving():

@@ -7,15 +7,25 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from tricks_lib.data.containers import (FolderDataset, Hdf5Dataset, LmdbDataset, PtDataset,
-                                        read_tfrecord, write_hdf5, write_lmdb, write_npy, write_pt,
-                                        write_tfrecord)
+from tricks_lib.data.containers import (
+    FolderDataset,
+    Hdf5Dataset,
+    LmdbDataset,
+    PtDataset,
+    read_tfrecord,
+    write_hdf5,
+    write_lmdb,
+    write_npy,
+    write_pt,
+    write_tfrecord,
+)
 from tricks_lib.data.images import write_image_folder
 
 
 def make(n):
-    return [{"__key__": f"k{i:03d}", "jpg": bytes([i % 256]) * (5 + 13 * i), "cls": str(i % 4).encode()}
-            for i in range(n)]
+    return [
+        {"__key__": f"k{i:03d}", "jpg": bytes([i % 256]) * (5 + 13 * i), "cls": str(i % 4).encode()} for i in range(n)
+    ]
 
 
 READERS = {"lmdb": (write_lmdb, LmdbDataset), "h5": (write_hdf5, Hdf5Dataset), "pt": (write_pt, PtDataset)}
@@ -62,8 +72,7 @@ class Bomb(bytes):
         raise RuntimeError("interrupted")
 
 
-@pytest.mark.parametrize("write", [write_lmdb, write_hdf5, write_tfrecord],
-                         ids=lambda w: w.__name__)
+@pytest.mark.parametrize("write", [write_lmdb, write_hdf5, write_tfrecord], ids=lambda w: w.__name__)
 def test_interrupted_write_leaves_nothing(tmp_path, write):
     samples = make(8)
     samples[5]["jpg"] = Bomb(b"x" * 10)  # these writers read field bytes while the file is open
@@ -74,6 +83,7 @@ def test_interrupted_write_leaves_nothing(tmp_path, write):
 
 def _save_then_fail(real_save, written, file_arg):
     """A save that writes the whole file, then fails: the file exists when the error is raised."""
+
     def save(*args, **kwargs):
         real_save(*args, **kwargs)
         f = args[file_arg]
@@ -81,6 +91,7 @@ def _save_then_fail(real_save, written, file_arg):
             f.flush()
         written.append(os.path.getsize(f if isinstance(f, (str, os.PathLike)) else f.name))
         raise RuntimeError("interrupted")
+
     return save
 
 
@@ -118,8 +129,9 @@ WRITERS = [write_lmdb, write_hdf5, write_tfrecord, write_pt, write_image_folder]
 
 
 @pytest.mark.parametrize("write", WRITERS, ids=lambda w: w.__name__)
-@pytest.mark.parametrize("key, message", [("a\nb", "control character"), ("dir/", "empty or '.'"),
-                                          ("a//b", "empty or '.'")])
+@pytest.mark.parametrize(
+    "key, message", [("a\nb", "control character"), ("dir/", "empty or '.'"), ("a//b", "empty or '.'")]
+)
 def test_writers_reject_keys_they_cannot_read_back(tmp_path, write, key, message):
     samples = make(2) + [{"__key__": key, "jpg": b"x", "cls": b"1"}]
     with pytest.raises(ValueError, match=message):

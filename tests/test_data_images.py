@@ -6,8 +6,14 @@ import os
 import numpy as np
 import pytest
 
-from tricks_lib.data.images import (decode_image, encode_image, find_source_photos, make_samples,
-                                    render_photos, write_image_folder)
+from tricks_lib.data.images import (
+    decode_image,
+    encode_image,
+    find_source_photos,
+    make_samples,
+    render_photos,
+    write_image_folder,
+)
 
 
 def digest(samples):

@@ -16,8 +16,7 @@ from tricks_lib.data.shards import ShardError, TarShardDataset, index_tar_shard,
 
 
 def make(n, payload=b"x"):
-    return [{"__key__": f"s{i:04d}", "bin": payload * (1 + i % 700), "cls": str(i % 3).encode()}
-            for i in range(n)]
+    return [{"__key__": f"s{i:04d}", "bin": payload * (1 + i % 700), "cls": str(i % 3).encode()} for i in range(n)]
 
 
 def iterate_as(ds, rank, world_size, worker, num_workers, monkeypatch):
@@ -29,15 +28,25 @@ def iterate_as(ds, rank, world_size, worker, num_workers, monkeypatch):
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(n=st.integers(1, 40), per_shard=st.integers(1, 12), world_size=st.integers(1, 4),
-       num_workers=st.integers(1, 5), shuffle=st.sampled_from([0, 1, 7]), epoch=st.integers(0, 3))
-def test_exactly_once_for_any_split(tmp_path_factory, monkeypatch, n, per_shard, world_size,
-                                    num_workers, shuffle, epoch):
+@given(
+    n=st.integers(1, 40),
+    per_shard=st.integers(1, 12),
+    world_size=st.integers(1, 4),
+    num_workers=st.integers(1, 5),
+    shuffle=st.sampled_from([0, 1, 7]),
+    epoch=st.integers(0, 3),
+)
+def test_exactly_once_for_any_split(
+    tmp_path_factory, monkeypatch, n, per_shard, world_size, num_workers, shuffle, epoch
+):
     paths = write_tar_shards(make(n), tmp_path_factory.mktemp("s"), samples_per_shard=per_shard)
     ds = TarShardDataset(paths, shuffle_buffer=shuffle, seed=5)
     ds.set_epoch(epoch)
-    per_consumer = [iterate_as(ds, r, world_size, w, num_workers, monkeypatch)
-                    for r in range(world_size) for w in range(num_workers)]
+    per_consumer = [
+        iterate_as(ds, r, world_size, w, num_workers, monkeypatch)
+        for r in range(world_size)
+        for w in range(num_workers)
+    ]
     keys = [k for c in per_consumer for k in c]
     assert sorted(keys) == [f"s{i:04d}" for i in range(n)]  # every sample once: no dup, no loss
     sizes = [len(c) for c in per_consumer]
@@ -148,8 +157,7 @@ def test_python_tarfile_silently_drops_members_after_a_bad_header(tmp_path):
 def test_truncated_shard_raises_with_name_and_offset(tmp_path, cut):
     (path,) = write_tar_shards(make(5), tmp_path, samples_per_shard=5)
     index = index_tar_shard(path)
-    where = {"header": index.offsets[3] + 100, "data": index.offsets[3] + 512 + 10,
-             "marker": index.end}[cut]
+    where = {"header": index.offsets[3] + 100, "data": index.offsets[3] + 512 + 10, "marker": index.end}[cut]
     path.write_bytes(path.read_bytes()[:where])
     with pytest.raises(ShardError) as err:
         index_tar_shard(path)
@@ -174,8 +182,7 @@ def test_webdataset_reads_our_shards(tmp_path):
     samples = make(11)
     paths = write_tar_shards(samples, tmp_path, samples_per_shard=4)
     got = list(wds.WebDataset([str(p) for p in paths], shardshuffle=False, empty_check=False))
-    assert [{k: v for k, v in s.items() if not k.startswith("__") or k == "__key__"}
-            for s in got] == samples
+    assert [{k: v for k, v in s.items() if not k.startswith("__") or k == "__key__"} for s in got] == samples
 
 
 def test_we_read_webdataset_shards(tmp_path):

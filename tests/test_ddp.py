@@ -1,12 +1,12 @@
 """Tests for tricks_lib.ddp: a real 2-process gloo run launched with torchrun through sys.executable."""
 
 import pytest
-
-pytestmark = pytest.mark.slow  # every test here launches processes
 import torch
 
 from tricks_lib.bench import Measurement
 from tricks_lib.ddp import DDPResult, free_port, launch_ddp
+
+pytestmark = pytest.mark.slow  # every test here launches processes
 
 
 @pytest.fixture(scope="module")

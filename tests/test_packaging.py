@@ -3,10 +3,10 @@ stored notebooks carry a real run's outputs."""
 
 import json
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -19,7 +19,7 @@ def _normalize(requirement: str) -> str:
 def test_environment_yml_matches_pyproject():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     declared = set(project["dependencies"])
-    for extra, reqs in project["optional-dependencies"].items():
+    for reqs in project["optional-dependencies"].values():
         declared |= {r for r in reqs if not r.startswith("tricks_lib")}
     conda_pip = set()
     in_pip = False
@@ -64,8 +64,9 @@ def test_readme_lists_every_notebook_with_a_colab_badge():
 
 @pytest.mark.parametrize("path", sorted((ROOT / "notebooks").glob("*.ipynb")), ids=lambda p: p.name)
 def test_stored_notebook_has_outputs_of_a_real_run(path):
-    from tricks_lib.runner import hygiene_problems
     import nbformat
+
+    from tricks_lib.runner import hygiene_problems
 
     nb = nbformat.read(path, as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]

@@ -432,8 +432,12 @@ def _resumed_fingerprint(restore_rng: bool) -> str:
     _train_epochs(model, opt, sched, loader, 1)
     buffer = io.BytesIO()
     torch.save(
-        {"model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
-         "rng": capture_rng_state([gen]).to_dict()},
+        {
+            "model": model.state_dict(),
+            "opt": opt.state_dict(),
+            "sched": sched.state_dict(),
+            "rng": capture_rng_state([gen]).to_dict(),
+        },
         buffer,
     )
     random.random(), np.random.rand(), torch.rand(5)  # the world moves on between save and resume

@@ -54,8 +54,15 @@ def test_compile_costs_are_recorded(monkeypatch, tmp_path):
 
     target = tmp_path / "records.jsonl"
     monkeypatch.setenv("TRICKS_RESULTS", str(target))
-    cost = CompileCost(cold_seconds=9.0, warm_seconds=2.0, import_torch_seconds=1.5, cold_process_seconds=12.0,
-                       warm_process_seconds=5.0, compiled=lambda: None, namespace={"DEVICE": torch.device("cpu")})
+    cost = CompileCost(
+        cold_seconds=9.0,
+        warm_seconds=2.0,
+        import_torch_seconds=1.5,
+        cold_process_seconds=12.0,
+        warm_process_seconds=5.0,
+        compiled=lambda: None,
+        namespace={"DEVICE": torch.device("cpu")},
+    )
     rec = record("torch.compile", cost)
     assert rec.kind == "compile" and rec.device == "cpu"
     row = load_records(target)[0].rows[0]

@@ -79,10 +79,27 @@ def test_kernels_start_with_cublas_configured_for_determinism(notebooks, tmp_pat
 def test_summary_shows_compile_costs(tmp_path):
     from tricks_lib.runner import NotebookRun
 
-    (tmp_path / "records.jsonl").write_text(json.dumps({
-        "notebook": "02", "trick": "compile", "kind": "compile", "device": "cpu", "machine": "m",
-        "rows": [{"cold_first_call_s": 9.0, "warm_first_call_s": 2.0, "import_torch_s": 1.5,
-                  "cold_process_s": 12.0, "warm_process_s": 5.0}]}) + "\n")
+    (tmp_path / "records.jsonl").write_text(
+        json.dumps(
+            {
+                "notebook": "02",
+                "trick": "compile",
+                "kind": "compile",
+                "device": "cpu",
+                "machine": "m",
+                "rows": [
+                    {
+                        "cold_first_call_s": 9.0,
+                        "warm_first_call_s": 2.0,
+                        "import_torch_s": 1.5,
+                        "cold_process_s": 12.0,
+                        "warm_process_s": 5.0,
+                    }
+                ],
+            }
+        )
+        + "\n"
+    )
     md, js = write_summary(tmp_path, [NotebookRun("02", True, 1.0)], quick=True)
     variants = {m["variant"]: m["median_s"] for m in json.loads(js.read_text())["measurements"]}
     assert variants == {"first call, empty caches": 9.0, "first call, warm on-disk cache": 2.0, "import torch": 1.5}
@@ -91,8 +108,9 @@ def test_summary_shows_compile_costs(tmp_path):
 
 @pytest.mark.slow
 def test_failure_names_notebook_and_cell(notebooks, tmp_path, capsys):
-    code = main(["run", "--quick", "--only", "20", "--notebooks", str(notebooks), "--out", str(tmp_path / "o"),
-                 "--no-progress"])
+    code = main(
+        ["run", "--quick", "--only", "20", "--notebooks", str(notebooks), "--out", str(tmp_path / "o"), "--no-progress"]
+    )
     assert code == 1
     err = capsys.readouterr().err
     assert "FAILED: 20_fails.ipynb, cell 3 of 4 (code cell 2: `raise RuntimeError('boom')`)" in err
@@ -100,8 +118,11 @@ def test_failure_names_notebook_and_cell(notebooks, tmp_path, capsys):
     summary = json.loads((tmp_path / "o" / "summary.json").read_text())
     assert summary["notebooks"][0]["failed_cell"].startswith("cell 3 of 4")
     # a failed notebook is never written back in place
-    assert all(c.get("outputs", []) == [] for c in nbformat.read(notebooks / "20_fails.ipynb", 4).cells
-               if c.cell_type == "code")
+    assert all(
+        c.get("outputs", []) == []
+        for c in nbformat.read(notebooks / "20_fails.ipynb", 4).cells
+        if c.cell_type == "code"
+    )
 
 
 @pytest.mark.slow

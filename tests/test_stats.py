@@ -20,7 +20,9 @@ def test_paired_speedup_needs_the_whole_interval_past_the_threshold():
     assert paired_speedup(base, [1e-3] * 10, 1, 1, 0.03)[3]  # 2x, no noise
     ratio, lo, hi, significant = paired_speedup(base, [1.96e-3] * 10, 1, 1, 0.03)  # 2% only
     assert ratio == pytest.approx(2 / 1.96) and not significant
-    assert paired_speedup(base, [1e-3] * 7, 1, 1, 0.03)[3] is False and math.isnan(paired_speedup(base[:7], [1e-3] * 7, 1, 1, 0.03)[1])
+    assert paired_speedup(base, [1e-3] * 7, 1, 1, 0.03)[3] is False and math.isnan(
+        paired_speedup(base[:7], [1e-3] * 7, 1, 1, 0.03)[1]
+    )
 
 
 def test_replicate_speedups_split_the_rounds_in_order():

@@ -232,8 +232,12 @@ def test_evaluate_accuracy_counts_correct_predictions_and_restores_the_mode():
 def test_fp16_channels_last_step_on_cuda_trains():
     torch.manual_seed(0)
     model = SmallCNN(10, width=8).cuda()
-    step = make_train_step(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
-                           autocast_dtype=torch.float16, channels_last=True)
+    step = make_train_step(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+        autocast_dtype=torch.float16,
+        channels_last=True,
+    )
     x, y = torch.randn(32, 3, 32, 32, device="cuda"), torch.randint(0, 10, (32,), device="cuda")
     losses = torch.stack([step(x, y) for _ in range(20)])
     assert torch.isfinite(losses).all() and losses[-1] < losses[0], "the same batch 20 times: the loss must fall"

@@ -11,16 +11,27 @@ spec.loader.exec_module(verdict_flips)
 
 
 def summary(*rows):
-    return {"measurements": [{"notebook": n, "trick": t, "variant": v, "verdict": verdict} for n, t, v, verdict in rows]}
+    return {
+        "measurements": [{"notebook": n, "trick": t, "variant": v, "verdict": verdict} for n, t, v, verdict in rows]
+    }
 
 
 def test_flips_are_counted_by_kind():
-    first = summary(("01", "decode", "PIL", "baseline"), ("01", "decode", "cv2", "1.80x faster"),
-                    ("01", "decode", "png", "2.00x slower"), ("02", "amp", "bf16", "not significant"),
-                    ("02", "amp", "fp16", "1.10x faster (suspect: does more work)"), ("03", "x", "gone", "1.5x faster"))
-    second = summary(("01", "decode", "PIL", "baseline"), ("01", "decode", "cv2", "1.75x faster"),
-                     ("01", "decode", "png", "1.20x faster"), ("02", "amp", "bf16", "1.04x slower"),
-                     ("02", "amp", "fp16", "1.12x faster"))
+    first = summary(
+        ("01", "decode", "PIL", "baseline"),
+        ("01", "decode", "cv2", "1.80x faster"),
+        ("01", "decode", "png", "2.00x slower"),
+        ("02", "amp", "bf16", "not significant"),
+        ("02", "amp", "fp16", "1.10x faster (suspect: does more work)"),
+        ("03", "x", "gone", "1.5x faster"),
+    )
+    second = summary(
+        ("01", "decode", "PIL", "baseline"),
+        ("01", "decode", "cv2", "1.75x faster"),
+        ("01", "decode", "png", "1.20x faster"),
+        ("02", "amp", "bf16", "1.04x slower"),
+        ("02", "amp", "fp16", "1.12x faster"),
+    )
     report = verdict_flips.compare_runs(first, second)
     assert report["rows_compared"] == 4  # baselines and rows missing from one run are not compared
     assert report["only_in_one_run"] == 1

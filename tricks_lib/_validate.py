@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+
 def check_callable(fn: object, what: str) -> None:
     if not callable(fn):
         raise TypeError(f"{what} must be a zero-argument callable (e.g. a lambda), got {type(fn).__name__}")

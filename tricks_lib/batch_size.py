@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tricks_lib._validate import check_positive
 from tricks_lib.env import pick_device
 from tricks_lib.memory import format_bytes, measure_memory
 
@@ -114,17 +115,16 @@ class BatchSearch:
 
 
 def _check_batch(value: object, name: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be a whole number (a batch size), got {value!r}")
-    if value < 1:
-        raise ValueError(f"{name} must be at least 1, got {value}")
+    check_positive(value, name, allow_none=False, integer=True)
 
 
 def _probe_saved(make_step: Callable[[int], Callable[[], object]], batch: int, budget: int, device) -> BatchProbe:
     step = make_step(batch)
     if not callable(step):
         raise TypeError(f"make_step({batch}) must return a zero-argument callable, got {type(step).__name__}")
-    used = measure_memory(step, label=f"batch {batch}", device=device).peak_saved_bytes  # at most alive at once: right for multi-pass steps too
+    used = measure_memory(
+        step, label=f"batch {batch}", device=device
+    ).peak_saved_bytes  # at most alive at once: right for multi-pass steps too
     return BatchProbe(batch_size=batch, fits=used <= budget, used_bytes=used)
 
 
@@ -205,10 +205,7 @@ def largest_batch(
             raise ValueError(f"high ({high}) must be at least low ({low})")
     limit = high if high is not None else max(DEFAULT_HIGH, low)
     if budget_bytes is not None:
-        if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int):
-            raise TypeError(f"budget_bytes must be a whole number of bytes, got {budget_bytes!r}")
-        if budget_bytes <= 0:
-            raise ValueError(f"budget_bytes must be positive, got {budget_bytes}")
+        check_positive(budget_bytes, "budget_bytes", allow_none=False, integer=True)
     dev = pick_device(device) if device is not None else pick_device()
     cuda = dev.type == "cuda"
     if not cuda and budget_bytes is None:
@@ -228,9 +225,7 @@ def largest_batch(
         return probe.fits
 
     if not fits(low):
-        raise ValueError(
-            f"batch size {low} (low) already does not fit: {probes[0]!r}; lower low or raise budget_bytes"
-        )
+        raise ValueError(f"batch size {low} (low) already does not fit: {probes[0]!r}; lower low or raise budget_bytes")
     # Doubling: good is the largest batch known to fit, bad the smallest known not to (None: none yet).
     good, bad = low, None
     while good < limit:

@@ -10,13 +10,6 @@ Its parts live in one module per concern, and can be imported from there too:
 
 from tricks_lib.formatting import format_seconds
 from tricks_lib.measurements import Comparison, ComparisonRow, Measurement
-from tricks_lib.stats import (
-    CONFIDENCE,
-    DEFAULT_MIN_EFFECT,
-    MIN_BLOCKS_FOR_SPREAD,
-    MIN_ROUNDS_FOR_VERDICT,
-    NOISE_THRESHOLD,
-)
-from tricks_lib.timing import Timer, compare, measure, time_first_call
+from tricks_lib.timing import compare, measure, time_first_call
 
 __all__ = ["Comparison", "ComparisonRow", "Measurement", "compare", "format_seconds", "measure", "time_first_call"]

@@ -139,10 +139,16 @@ class DDPResult:
                 ("batch per rank", self.batch_size),
                 ("accumulation steps", f"{self.accumulation_steps} (no_sync {'on' if self.no_sync else 'off'})"),
                 ("timed steps", f"{self.steps} (after {self.warmup_steps} warm-up steps)"),
-                ("median step (IQR)", f"{format_seconds(self.median_step_seconds)} ({format_seconds(self.iqr_step_seconds)})"),
+                (
+                    "median step (IQR)",
+                    f"{format_seconds(self.median_step_seconds)} ({format_seconds(self.iqr_step_seconds)})",
+                ),
                 ("throughput (from the median step)", f"{self.samples_per_second:,.0f} samples/s"),
-                ("gradient all-reduces", f"{self.allreduce_calls} over {self.backward_passes} backward passes "
-                                         f"({self.buckets} bucket(s) per synchronizing backward)"),
+                (
+                    "gradient all-reduces",
+                    f"{self.allreduce_calls} over {self.backward_passes} backward passes "
+                    f"({self.buckets} bucket(s) per synchronizing backward)",
+                ),
                 ("final loss", f"{self.final_loss:.4f}"),
                 ("parameters", f"{self.num_parameters:,}"),
                 ("identical on all ranks", self.params_identical),

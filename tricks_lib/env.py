@@ -61,8 +61,7 @@ def quick_mode() -> bool:
     if raw in _FALSE:
         return False
     raise ValueError(
-        f"{QUICK_ENV_VAR}={raw!r} is not understood: set it to 1 for quick mode or 0 (or unset it) "
-        "for full mode."
+        f"{QUICK_ENV_VAR}={raw!r} is not understood: set it to 1 for quick mode or 0 (or unset it) for full mode."
     )
 
 
@@ -100,9 +99,7 @@ def pick_device(prefer: str | torch.device | None = None) -> torch.device:
         if not torch.cuda.is_available():
             raise ValueError(f"{prefer!r} was asked for but this machine has no usable CUDA device; use 'cpu'")
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ValueError(
-                f"{prefer!r} was asked for but only {torch.cuda.device_count()} CUDA device(s) exist"
-            )
+            raise ValueError(f"{prefer!r} was asked for but only {torch.cuda.device_count()} CUDA device(s) exist")
     elif device.type == "mps":
         if not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
             raise ValueError(f"{prefer!r} was asked for but MPS is not available here; use 'cpu'")

@@ -78,8 +78,18 @@ class MemoryReport:
 # Autograd nodes that only re-express a tensor (a cast, a transpose, a reshape): a chain of them that
 # ends at a parameter means the saved tensor is that parameter in another form, not an activation.
 _REEXPRESSING_NODES = frozenset(
-    {"ToCopyBackward0", "TBackward0", "TransposeBackward0", "ViewBackward0", "ReshapeAliasBackward0",
-     "PermuteBackward0", "ExpandBackward0", "UnsqueezeBackward0", "SqueezeBackward0", "AliasBackward0"}
+    {
+        "ToCopyBackward0",
+        "TBackward0",
+        "TransposeBackward0",
+        "ViewBackward0",
+        "ReshapeAliasBackward0",
+        "PermuteBackward0",
+        "ExpandBackward0",
+        "UnsqueezeBackward0",
+        "SqueezeBackward0",
+        "AliasBackward0",
+    }
 )
 
 

@@ -19,14 +19,13 @@ import copy
 import torch
 from torch import nn
 
+from tricks_lib._validate import check_non_negative_int, check_positive
+
 __all__ = ["SmallCNN", "ResNet", "MLP", "drop_conv_bias_before_bn", "count_parameters"]
 
 
 def _check_positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
+    check_positive(value, name, allow_none=False, integer=True)
     return value
 
 
@@ -95,9 +94,7 @@ class _BasicBlock(nn.Module):
         self.bn2 = nn.BatchNorm2d(c_out)
         self.shortcut: nn.Module = nn.Identity()
         if stride != 1 or c_in != c_out:
-            self.shortcut = nn.Sequential(
-                nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False), nn.BatchNorm2d(c_out)
-            )
+            self.shortcut = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False), nn.BatchNorm2d(c_out))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = torch.relu(self.bn1(self.conv1(x)))
@@ -177,8 +174,7 @@ class MLP(nn.Module):
         _check_positive_int("in_features", in_features)
         _check_positive_int("out_features", out_features)
         _check_positive_int("hidden", hidden)
-        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
-            raise ValueError(f"depth must be an int >= 0, got {depth!r}")
+        check_non_negative_int(depth, "depth")
         layers: list[nn.Module] = []
         width = in_features
         for _ in range(depth):

@@ -24,7 +24,9 @@ def speedup_bars(comparison, ax=None):
     """
     # Read by shape, not by type: this module imports no result type, so the results can import it.
     if not all(hasattr(comparison, a) for a in ("rows", "baseline", "rounds")):
-        raise TypeError(f"speedup_bars needs a Comparison from tricks_lib.bench.compare, got {type(comparison).__name__}")
+        raise TypeError(
+            f"speedup_bars needs a Comparison from tricks_lib.bench.compare, got {type(comparison).__name__}"
+        )
     ax = _axes(ax)
     rows = list(comparison.rows)
     medians = [r.measurement.median for r in rows]
@@ -38,10 +40,19 @@ def speedup_bars(comparison, ax=None):
         lows.append(r.measurement.median - np.percentile(t, 25))
         highs.append(np.percentile(t, 75) - r.measurement.median)
     y = list(range(len(rows)))
-    colors = ["0.6" if r.is_baseline else ("tab:green" if r.significant and r.speedup > 1 else
-              "tab:red" if r.significant else "tab:gray") for r in rows]
-    ax.barh(y, [m / scale for m in medians], xerr=[[v / scale for v in lows], [v / scale for v in highs]],
-            color=colors, capsize=3)
+    colors = [
+        "0.6"
+        if r.is_baseline
+        else ("tab:green" if r.significant and r.speedup > 1 else "tab:red" if r.significant else "tab:gray")
+        for r in rows
+    ]
+    ax.barh(
+        y,
+        [m / scale for m in medians],
+        xerr=[[v / scale for v in lows], [v / scale for v in highs]],
+        color=colors,
+        capsize=3,
+    )
     ax.set_yticks(y, [r.name for r in rows])
     ax.invert_yaxis()
     for yi, r, m in zip(y, rows, medians):

@@ -88,8 +88,14 @@ def find_notebooks(notebook_dir: Path, only: Sequence[str] | None = None) -> lis
 
 def local_path_pattern() -> re.Pattern:
     """Paths that must never appear in stored outputs: this checkout, home, temp, the interpreter."""
-    roots = {str(Path.cwd().resolve().parent), str(Path.home()), tempfile.gettempdir(), "/tmp", sys.prefix,
-             sys.base_prefix}
+    roots = {
+        str(Path.cwd().resolve().parent),
+        str(Path.home()),
+        tempfile.gettempdir(),
+        "/tmp",
+        sys.prefix,
+        sys.base_prefix,
+    }
     roots = {r.rstrip("/") for r in roots if r and r != "/"}
     alternatives = "|".join(re.escape(r) + "/" for r in sorted(roots, key=len, reverse=True))
     return re.compile(f"({alternatives}|/home/|/root/|/Users/)")
@@ -210,7 +216,8 @@ def run_notebooks(
     records_path = out_dir / "records.jsonl"
     records_path.write_text("", encoding="utf-8")
     saved_env = {
-        k: os.environ.get(k) for k in (QUICK_ENV_VAR, RESULTS_ENV_VAR, NOTEBOOK_ENV_VAR, CUBLAS_ENV_VAR, PROGRESS_ENV_VAR)
+        k: os.environ.get(k)
+        for k in (QUICK_ENV_VAR, RESULTS_ENV_VAR, NOTEBOOK_ENV_VAR, CUBLAS_ENV_VAR, PROGRESS_ENV_VAR)
     }
     runs = []
     try:
@@ -233,10 +240,16 @@ def run_notebooks(
                 continue
             n_code = sum(c.cell_type == "code" for c in nb.cells)
             bar = tqdm(total=n_code, desc=path.stem, unit="cell", disable=not progress, leave=True)
-            failed_cell, error = _execute(nb, path.parent, timeout, lambda: bar.update(1))
+            failed_cell, error = _execute(nb, path.parent, timeout, lambda bar=bar: bar.update(1))
             bar.close()
-            run = NotebookRun(path.stem, error is None, time.perf_counter() - start, failed_cell, error,
-                              failed_cell_label=_cell_label(nb, failed_cell))
+            run = NotebookRun(
+                path.stem,
+                error is None,
+                time.perf_counter() - start,
+                failed_cell,
+                error,
+                failed_cell_label=_cell_label(nb, failed_cell),
+            )
             nbformat.write(nb, executed_dir / path.name)
             if run.ok and refresh:
                 run.problems = hygiene_problems(nb)
@@ -270,14 +283,27 @@ def _summary_rows(records: Sequence[Record]) -> list[dict]:
     for rec in records:
         if rec.kind == "compile":
             for row in rec.rows:
-                for variant, key in (("first call, empty caches", "cold_first_call_s"),
-                                     ("first call, warm on-disk cache", "warm_first_call_s"),
-                                     ("import torch", "import_torch_s")):
-                    rows.append({"notebook": rec.notebook, "trick": rec.trick, "variant": variant,
-                                 "median_s": row.get(key), "iqr_s": None, "speedup": None,
-                                 "verdict": "one fresh process each", "items_per_second": None,
-                                 "saved_bytes": None, "peak_saved_bytes": None, "peak_allocated_bytes": None,
-                                 "device": rec.device})
+                for variant, key in (
+                    ("first call, empty caches", "cold_first_call_s"),
+                    ("first call, warm on-disk cache", "warm_first_call_s"),
+                    ("import torch", "import_torch_s"),
+                ):
+                    rows.append(
+                        {
+                            "notebook": rec.notebook,
+                            "trick": rec.trick,
+                            "variant": variant,
+                            "median_s": row.get(key),
+                            "iqr_s": None,
+                            "speedup": None,
+                            "verdict": "one fresh process each",
+                            "items_per_second": None,
+                            "saved_bytes": None,
+                            "peak_saved_bytes": None,
+                            "peak_allocated_bytes": None,
+                            "device": rec.device,
+                        }
+                    )
             continue
         for row in rec.rows:
             memory = row.get("memory") or (row if rec.kind == "memory" else {})
@@ -312,8 +338,13 @@ def write_summary(out_dir: Path, runs: Sequence[NotebookRun], *, quick: bool) ->
         "machine_summary": env.summary(),
         "mode": "quick" if quick else "full",
         "notebooks": [
-            {"notebook": r.name, "ok": r.ok, "seconds": round(r.seconds, 2), "failed_cell": r.failed_cell_label,
-             "error": r.error}
+            {
+                "notebook": r.name,
+                "ok": r.ok,
+                "seconds": round(r.seconds, 2),
+                "failed_cell": r.failed_cell_label,
+                "error": r.error,
+            }
             for r in runs
         ],
         "measurements": rows,

@@ -122,7 +122,6 @@ def _progress_bar(enabled: bool, total: int | None, desc: str):
         return None
     try:
         import ipywidgets  # noqa: F401  (tqdm.auto's widget needs it; without it, it warns and prints text)
-
         from tqdm.auto import tqdm
     except ImportError:
         from tqdm.std import tqdm
@@ -256,13 +255,26 @@ def _check_variants(variants: object, expected: list[str] | None = None) -> dict
             raise TypeError(f"variant names must be strings, got {name!r}")
         check_callable(fn, f"variant {name!r}")
     if expected is not None and list(variants) != expected:
-        raise ValueError(f"the variants builder returned {list(variants)} after {expected}: it must build the same variants")
+        raise ValueError(
+            f"the variants builder returned {list(variants)} after {expected}: it must build the same variants"
+        )
     return dict(variants)
 
 
 def _check_compare_args(
-    variants, baseline, items, min_run_time, min_rounds, max_rounds, device, warmup, number, min_effect,
-    more_work, order_seed, replicates,
+    variants,
+    baseline,
+    items,
+    min_run_time,
+    min_rounds,
+    max_rounds,
+    device,
+    warmup,
+    number,
+    min_effect,
+    more_work,
+    order_seed,
+    replicates,
 ) -> _CompareSpec:
     check_positive(replicates, "replicates", allow_none=False, integer=True)
     build = None
@@ -302,7 +314,9 @@ def _check_compare_args(
     if more_work is None:
         more_work = {}
     if not isinstance(more_work, Mapping):
-        raise TypeError(f"more_work must be a dict of heavier variant -> lighter variant, got {type(more_work).__name__}")
+        raise TypeError(
+            f"more_work must be a dict of heavier variant -> lighter variant, got {type(more_work).__name__}"
+        )
     for heavy, light in more_work.items():
         if heavy not in variants or light not in variants:
             raise ValueError(f"more_work names {heavy!r} -> {light!r}, but the variants are {list(variants)}")
@@ -310,7 +324,9 @@ def _check_compare_args(
             raise ValueError(f"more_work pairs {heavy!r} with itself: name the lighter variant it does more than")
     check_non_negative_int(order_seed, "order_seed")
     if replicates > min_rounds:
-        raise ValueError(f"replicates ({replicates}) cannot exceed min_rounds ({min_rounds}): each replicate needs a round")
+        raise ValueError(
+            f"replicates ({replicates}) cannot exceed min_rounds ({min_rounds}): each replicate needs a round"
+        )
     per_item = isinstance(items, Mapping) and all(name in items for name in variants)
     counts = {name: (items.get(name) if isinstance(items, Mapping) else items) for name in variants}
     return _CompareSpec(
@@ -407,9 +423,7 @@ def _read_rows(
         else:
             speedup, lo, hi, pooled = paired(name, base)
             if spec.replicates > 1:
-                each = replicate_speedups(
-                    measurements[base].times, m.times, scale[base], scale[name], replicate_rounds
-                )
+                each = replicate_speedups(measurements[base].times, m.times, scale[base], scale[name], replicate_rounds)
         suspect = None
         lighter = spec.more_work.get(name)
         if lighter is not None:
@@ -500,8 +514,19 @@ def compare(
             with a dict instead of a builder, a builder that returns other variants the next time.
     """
     spec = _check_compare_args(
-        variants, baseline, items, min_run_time, min_rounds, max_rounds, device, warmup, number, min_effect,
-        more_work, order_seed, replicates,
+        variants,
+        baseline,
+        items,
+        min_run_time,
+        min_rounds,
+        max_rounds,
+        device,
+        warmup,
+        number,
+        min_effect,
+        more_work,
+        order_seed,
+        replicates,
     )
     check_flag(memory, "memory")
     check_flag(progress, "progress")

@@ -326,9 +326,7 @@ def linear_scaled_lr(base_lr: float, batch_size: int, base_batch_size: int) -> f
 
 
 @torch.inference_mode()
-def evaluate_accuracy(
-    model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, *, batch_size: int = 512
-) -> float:
+def evaluate_accuracy(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, *, batch_size: int = 512) -> float:
     """Top-1 accuracy of ``model`` on ``(inputs, targets)`` in eval mode under ``torch.inference_mode``.
 
     The model is put in eval mode for the evaluation and restored to its previous mode afterwards.

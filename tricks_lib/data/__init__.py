@@ -2,27 +2,91 @@
 ``IterableDataset``, one-file containers, a device prefetcher and page-cache control.
 
 Modules: ``images`` (generator, encode/decode, folder writer), ``shards`` (tar shards),
-``containers`` (LMDB, HDF5, TFRecord, .pt, .npy), ``prefetch`` (DevicePrefetcher), ``cache``
-(page-cache eviction and residency; a process's and a DataLoader worker's private memory). All writers are atomic: temporary name, rename on success.
+``tar_format`` (the strict tar reader under the shards), ``samples`` (the sample check every writer
+runs), ``containers`` (LMDB, HDF5, TFRecord, .pt, .npy), ``prefetch`` (DevicePrefetcher), ``cache``
+(page-cache eviction and residency; a process's and a DataLoader worker's private memory). All
+writers are atomic: temporary name, rename on success.
 """
 
-from .cache import (CacheResidency, EvictionReport, ProcessMemory, drop_from_page_cache, evict_from_page_cache,
-                    loader_worker_memory, page_cache_residency, process_memory)
-from .containers import (FolderDataset, Hdf5Dataset, LmdbDataset, PtDataset, read_tfrecord,
-                         write_hdf5, write_lmdb, write_npy, write_pt, write_tfrecord)
-from .images import (IMAGE_FORMATS, DecodeSample, PhotoSet, decode_image, encode_image, find_source_photos,
-                     make_samples, render_photos, write_image_folder)
-from .prefetch import DevicePrefetcher, move_to_device
-from .shards import (ShardError, ShardIndex, TarShardDataset, index_tar_shard, read_tar_samples,
-                     write_tar_shards)
+from tricks_lib.data.cache import (
+    CacheResidency,
+    EvictionReport,
+    ProcessMemory,
+    drop_from_page_cache,
+    evict_from_page_cache,
+    loader_worker_memory,
+    page_cache_residency,
+    process_memory,
+)
+from tricks_lib.data.containers import (
+    FolderDataset,
+    Hdf5Dataset,
+    LmdbDataset,
+    PtDataset,
+    read_tfrecord,
+    write_hdf5,
+    write_lmdb,
+    write_npy,
+    write_pt,
+    write_tfrecord,
+)
+from tricks_lib.data.images import (
+    IMAGE_FORMATS,
+    DecodeSample,
+    PhotoSet,
+    decode_image,
+    encode_image,
+    find_source_photos,
+    make_samples,
+    render_photos,
+    write_image_folder,
+)
+from tricks_lib.data.prefetch import DevicePrefetcher, move_to_device
+from tricks_lib.data.samples import check_samples
+from tricks_lib.data.shards import (
+    ShardError,
+    ShardIndex,
+    TarShardDataset,
+    index_tar_shard,
+    read_tar_samples,
+    write_tar_shards,
+)
 
 __all__ = [
-    "CacheResidency", "DecodeSample", "DevicePrefetcher", "EvictionReport", "FolderDataset", "Hdf5Dataset",
-    "IMAGE_FORMATS", "LmdbDataset", "PhotoSet", "ProcessMemory", "PtDataset", "ShardError", "ShardIndex",
-    "TarShardDataset", "decode_image", "drop_from_page_cache", "encode_image",
+    "CacheResidency",
+    "DecodeSample",
+    "DevicePrefetcher",
+    "EvictionReport",
+    "FolderDataset",
+    "Hdf5Dataset",
+    "IMAGE_FORMATS",
+    "LmdbDataset",
+    "PhotoSet",
+    "ProcessMemory",
+    "PtDataset",
+    "ShardError",
+    "ShardIndex",
+    "TarShardDataset",
+    "check_samples",
+    "decode_image",
+    "drop_from_page_cache",
+    "encode_image",
     "evict_from_page_cache",
-    "find_source_photos", "index_tar_shard", "loader_worker_memory", "make_samples", "move_to_device",
-    "page_cache_residency", "process_memory", "read_tar_samples", "read_tfrecord", "render_photos",
-    "write_hdf5", "write_image_folder", "write_lmdb", "write_npy", "write_pt",
-    "write_tar_shards", "write_tfrecord",
+    "find_source_photos",
+    "index_tar_shard",
+    "loader_worker_memory",
+    "make_samples",
+    "move_to_device",
+    "page_cache_residency",
+    "process_memory",
+    "read_tar_samples",
+    "read_tfrecord",
+    "render_photos",
+    "write_hdf5",
+    "write_image_folder",
+    "write_lmdb",
+    "write_npy",
+    "write_pt",
+    "write_tar_shards",
+    "write_tfrecord",
 ]

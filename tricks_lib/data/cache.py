@@ -26,6 +26,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tricks_lib._validate import check_positive
+
+__all__ = [
+    "CacheResidency",
+    "EvictionReport",
+    "ProcessMemory",
+    "drop_from_page_cache",
+    "evict_from_page_cache",
+    "loader_worker_memory",
+    "page_cache_residency",
+    "process_memory",
+]
+
 
 @dataclass(frozen=True)
 class CacheResidency:
@@ -57,8 +70,10 @@ class EvictionReport:
 
     def __repr__(self) -> str:
         f = lambda r: "unknown" if r.fraction is None else f"{r.fraction:.1%}"  # noqa: E731
-        return (f"EvictionReport({self.after.files} files, resident {f(self.before)} -> "
-                f"{f(self.after)}, verified={self.verified})")
+        return (
+            f"EvictionReport({self.after.files} files, resident {f(self.before)} -> "
+            f"{f(self.after)}, verified={self.verified})"
+        )
 
 
 def _files(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[Path]:
@@ -83,8 +98,7 @@ def _libc():
         return None
     libc = ctypes.CDLL(name, use_errno=True)
     libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                          ctypes.c_int, ctypes.c_long]
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
     libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
     libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     return libc
@@ -129,8 +143,7 @@ def page_cache_residency(paths: str | os.PathLike | Iterable[str | os.PathLike])
     return CacheResidency(len(files), total, resident, "mincore")
 
 
-def drop_from_page_cache(paths: str | os.PathLike | Iterable[str | os.PathLike], *,
-                         flush: bool = False) -> int:
+def drop_from_page_cache(paths: str | os.PathLike | Iterable[str | os.PathLike], *, flush: bool = False) -> int:
     """Advise the kernel to drop ``paths`` from the page cache, without measuring.
 
     Cheap (a few microseconds per file) unless ``flush``: dirty pages (recently written data)
@@ -156,8 +169,9 @@ def drop_from_page_cache(paths: str | os.PathLike | Iterable[str | os.PathLike],
     return len(files)
 
 
-def evict_from_page_cache(paths: str | os.PathLike | Iterable[str | os.PathLike], *,
-                          tolerance: float = 0.01) -> EvictionReport:
+def evict_from_page_cache(
+    paths: str | os.PathLike | Iterable[str | os.PathLike], *, tolerance: float = 0.01
+) -> EvictionReport:
     """Write back and drop ``paths`` from the page cache, then measure residency (``mincore``).
 
     Args:
@@ -207,15 +221,14 @@ class ProcessMemory:
         if not self.available:
             return f"ProcessMemory(pid {self.pid}, {self.method})"
         mib = lambda n: f"{n / 2**20:.1f} MiB"  # noqa: E731
-        return (f"ProcessMemory(pid {self.pid}, private {mib(self.private_bytes)}, "
-                f"shared {mib(self.shared_bytes)}, rss {mib(self.rss_bytes)})")
+        return (
+            f"ProcessMemory(pid {self.pid}, private {mib(self.private_bytes)}, "
+            f"shared {mib(self.shared_bytes)}, rss {mib(self.rss_bytes)})"
+        )
 
 
 def _check_pid(pid: object) -> int:
-    if isinstance(pid, bool) or not isinstance(pid, int):
-        raise TypeError(f"pid must be an int, got {type(pid).__name__}")
-    if pid <= 0:
-        raise ValueError(f"pid must be a positive process id, got {pid}")
+    check_positive(pid, "pid", allow_none=False, integer=True)
     return pid
 
 
@@ -314,13 +327,19 @@ def loader_worker_memory(dataset, *, multiprocessing_context: str, timeout: floa
     import multiprocessing
 
     if multiprocessing_context not in multiprocessing.get_all_start_methods():
-        raise ValueError(f"start method {multiprocessing_context!r} is not available on this platform; "
-                         f"use one of {multiprocessing.get_all_start_methods()}")
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        raise ValueError(
+            f"start method {multiprocessing_context!r} is not available on this platform; "
+            f"use one of {multiprocessing.get_all_start_methods()}"
+        )
+    check_positive(timeout, "timeout", allow_none=False)
     from torch.utils.data import DataLoader
 
-    loader = DataLoader(_EpochThenMemory(dataset), batch_size=None, num_workers=1,
-                        multiprocessing_context=multiprocessing_context, timeout=timeout)
+    loader = DataLoader(
+        _EpochThenMemory(dataset),
+        batch_size=None,
+        num_workers=1,
+        multiprocessing_context=multiprocessing_context,
+        timeout=timeout,
+    )
     (report,) = list(loader)
     return report

@@ -29,20 +29,35 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from ._atomic import atomic_path
-from .images import _check_samples
+from tricks_lib.data._atomic import atomic_path
+from tricks_lib.data.samples import check_samples
+
+__all__ = [
+    "FolderDataset",
+    "Hdf5Dataset",
+    "LmdbDataset",
+    "PtDataset",
+    "read_tfrecord",
+    "write_hdf5",
+    "write_lmdb",
+    "write_npy",
+    "write_pt",
+    "write_tfrecord",
+]
 
 
 def _fields_and_list(samples: Iterable[dict]) -> tuple[list[dict], tuple[str, ...]]:
-    samples = list(_check_samples(samples))
+    samples = list(check_samples(samples))
     if not samples:
         raise ValueError("samples is empty")
     fields = tuple(k for k in samples[0] if not k.startswith("__"))
     keys = set()
     for s in samples:
         if tuple(k for k in s if not k.startswith("__")) != fields:
-            raise ValueError(f"sample {s['__key__']!r} has fields different from {fields}; "
-                             "all samples need the same fields in the same order")
+            raise ValueError(
+                f"sample {s['__key__']!r} has fields different from {fields}; "
+                "all samples need the same fields in the same order"
+            )
         if s["__key__"] in keys:
             raise ValueError(f"duplicate sample key {s['__key__']!r}")
         keys.add(s["__key__"])
@@ -161,8 +176,7 @@ class LmdbDataset(_PerProcessHandleDataset):
     def _open(self):
         import lmdb
 
-        return lmdb.open(str(self.path), subdir=False, readonly=True, lock=False,
-                         readahead=False, meminit=False)
+        return lmdb.open(str(self.path), subdir=False, readonly=True, lock=False, readahead=False, meminit=False)
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -185,8 +199,7 @@ def write_hdf5(samples: Iterable[dict], path: str | os.PathLike) -> Path:
     samples, fields = _fields_and_list(samples)
     path = Path(path)
     with atomic_path(path) as tmp, h5py.File(tmp, "w") as h5:
-        h5.create_dataset("keys", data=[s["__key__"] for s in samples],
-                          dtype=h5py.string_dtype())
+        h5.create_dataset("keys", data=[s["__key__"] for s in samples], dtype=h5py.string_dtype())
         for f in fields:
             ds = h5.create_dataset(f, (len(samples),), dtype=h5py.vlen_dtype(np.uint8))
             for i, s in enumerate(samples):
@@ -275,8 +288,9 @@ def write_pt(samples: Iterable[dict], path: str | os.PathLike) -> Path:
 class PtDataset(_SampleDataset):
     """Read a file made by :func:`write_pt` with ``torch.load(weights_only=True, mmap=mmap)``."""
 
-    def __init__(self, path: str | os.PathLike, *, mmap: bool = True,
-                 transform: Callable[[dict], object] | None = None):
+    def __init__(
+        self, path: str | os.PathLike, *, mmap: bool = True, transform: Callable[[dict], object] | None = None
+    ):
         super().__init__(path, transform)
         payload = torch.load(self.path, weights_only=True, mmap=mmap)
         self.keys, self._fields = payload["keys"], payload["fields"]
@@ -287,7 +301,7 @@ class PtDataset(_SampleDataset):
     def __getitem__(self, i: int) -> object:
         sample = {"__key__": self.keys[i]}
         for f, (data, offsets) in self._fields.items():
-            sample[f] = data[int(offsets[i]):int(offsets[i + 1])].numpy().tobytes()
+            sample[f] = data[int(offsets[i]) : int(offsets[i + 1])].numpy().tobytes()
         return self._out(sample)
 
 

@@ -19,10 +19,24 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
 import torch
+from PIL import Image
 
-from ._atomic import write_bytes_atomic
+from tricks_lib._validate import check_flag, check_positive
+from tricks_lib.data._atomic import write_bytes_atomic
+from tricks_lib.data.samples import check_samples
+
+__all__ = [
+    "DecodeSample",
+    "IMAGE_FORMATS",
+    "PhotoSet",
+    "decode_image",
+    "encode_image",
+    "find_source_photos",
+    "make_samples",
+    "render_photos",
+    "write_image_folder",
+]
 
 # (top-level package, file inside it, class name). Any subset that is installed is used.
 _SOURCE_PHOTOS = (
@@ -57,9 +71,7 @@ def find_source_photos() -> dict[str, Path]:
         if path.is_file():
             found[name] = path
     if not found:
-        raise RuntimeError(
-            "no source photographs found: install matplotlib, scikit-learn or scikit-image"
-        )
+        raise RuntimeError("no source photographs found: install matplotlib, scikit-learn or scikit-image")
     return found
 
 
@@ -84,15 +96,17 @@ class PhotoSet:
 
     def __repr__(self) -> str:
         n, h, w, c = self.images.shape
-        return (f"PhotoSet({n} images of {h}x{w}x{c} uint8, {len(self.class_names)} classes, "
-                f"seed={self.seed})")
+        return f"PhotoSet({n} images of {h}x{w}x{c} uint8, {len(self.class_names)} classes, seed={self.seed})"
 
 
 def _check_size(size: int | tuple[int, int]) -> tuple[int, int]:
     if isinstance(size, int):
         size = (size, size)
-    if (not isinstance(size, tuple) or len(size) != 2
-            or not all(isinstance(s, int) and s >= 8 for s in size)):
+    if (
+        not isinstance(size, tuple)
+        or len(size) != 2
+        or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 8 for s in size)
+    ):
         raise ValueError(f"size must be an int >= 8 or a (height, width) pair of them, got {size!r}")
     return size
 
@@ -109,8 +123,7 @@ def render_photos(count: int, *, size: int | tuple[int, int] = 96, seed: int = 0
     Raises:
         ValueError: on a bad count or size.
     """
-    if not isinstance(count, int) or count < 1:
-        raise ValueError(f"count must be a positive int, got {count!r}")
+    check_positive(count, "count", allow_none=False, integer=True)
     height, width = _check_size(size)
     sources = find_source_photos()
     names = tuple(sources)
@@ -150,8 +163,7 @@ def encode_image(image: np.ndarray, fmt: str, *, quality: int = 90) -> bytes:
     """
     if fmt not in IMAGE_FORMATS:
         raise ValueError(f"fmt must be one of {IMAGE_FORMATS}, got {fmt!r}")
-    if not isinstance(image, np.ndarray) or image.dtype != np.uint8 or image.ndim != 3 \
-            or image.shape[2] != 3:
+    if not isinstance(image, np.ndarray) or image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
         raise ValueError("image must be a (H, W, 3) uint8 numpy array")
     if fmt == "raw":
         return np.ascontiguousarray(image).tobytes()
@@ -190,38 +202,9 @@ def make_samples(photos: PhotoSet, *, fmt: str = "jpg", quality: int = 90) -> li
     if not isinstance(photos, PhotoSet):
         raise TypeError(f"photos must be a PhotoSet (from render_photos), got {type(photos).__name__}")
     return [
-        {"__key__": f"{i:06d}", fmt: encode_image(img, fmt, quality=quality),
-         "cls": str(int(label)).encode()}
+        {"__key__": f"{i:06d}", fmt: encode_image(img, fmt, quality=quality), "cls": str(int(label)).encode()}
         for i, (img, label) in enumerate(zip(photos.images, photos.labels))
     ]
-
-
-def _check_samples(samples: Iterable[dict]) -> Iterable[dict]:
-    """Yield samples after checking each is ``{"__key__": str, ext: bytes, ...}``.
-
-    A key is a relative name whose '/'-separated parts are non-empty, whose last part has no '.',
-    and which holds no control character (every writer must be able to store it and read it back).
-    Raises TypeError/ValueError saying what to change.
-    """
-    for sample in samples:
-        if not isinstance(sample, dict) or not isinstance(sample.get("__key__"), str):
-            raise TypeError('each sample must be a dict with a str "__key__" and bytes fields')
-        key = sample["__key__"]
-        if not key or "." in os.path.basename(key) or key.startswith("/") or ".." in key.split("/"):
-            raise ValueError(f"sample key {key!r} must be a non-empty relative name without '.'")
-        if any(ord(c) < 32 or ord(c) == 127 for c in key):
-            raise ValueError(f"sample key {key!r} contains a control character (newline, tab, ...): "
-                             "LMDB's key list and file names cannot hold it; remove it from the key")
-        if any(part in ("", ".") for part in key.split("/")):
-            raise ValueError(f"sample key {key!r} has an empty or '.' path part (a trailing or double "
-                             "'/'): folder and tar readers cannot find it; use e.g. 'dir/name'")
-        for ext, value in sample.items():
-            if ext.startswith("__"):
-                continue
-            if not isinstance(value, (bytes, bytearray, memoryview)):
-                raise TypeError(f"sample {key!r} field {ext!r} must be bytes, got {type(value).__name__}"
-                                " (encode it first, e.g. str(label).encode())")
-        yield sample
 
 
 def write_image_folder(samples: Iterable[dict], out_dir: str | os.PathLike) -> list[Path]:
@@ -235,7 +218,7 @@ def write_image_folder(samples: Iterable[dict], out_dir: str | os.PathLike) -> l
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for sample in _check_samples(samples):
+    for sample in check_samples(samples):
         for ext, value in sample.items():
             if not ext.startswith("__"):
                 path = out / f"{sample['__key__']}.{ext}"
@@ -254,8 +237,8 @@ class DecodeSample:
     """
 
     def __init__(self, size: int | None = None, *, field: str = "jpg", draft: bool = False):
-        if size is not None and (not isinstance(size, int) or size < 1):
-            raise ValueError(f"size must be a positive int or None, got {size!r}")
+        check_positive(size, "size", integer=True)
+        check_flag(draft, "draft")
         if draft and size is None:
             raise ValueError("draft=True needs a target size")
         self.size, self.field, self.draft = size, field, draft

@@ -15,9 +15,14 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
+from tricks_lib._validate import check_positive
 
-def move_to_device(batch: object, device: torch.device | str, *, non_blocking: bool = False,
-                   pin_memory: bool = False) -> object:
+__all__ = ["DevicePrefetcher", "move_to_device"]
+
+
+def move_to_device(
+    batch: object, device: torch.device | str, *, non_blocking: bool = False, pin_memory: bool = False
+) -> object:
     """Move every tensor in a nested dict/list/tuple to ``device``; other values are kept.
 
     ``pin_memory=True`` pins CPU tensors first (needed for a truly asynchronous copy).
@@ -27,11 +32,11 @@ def move_to_device(batch: object, device: torch.device | str, *, non_blocking: b
             batch = batch.pin_memory()
         return batch.to(device, non_blocking=non_blocking)
     if isinstance(batch, dict):
-        return {k: move_to_device(v, device, non_blocking=non_blocking, pin_memory=pin_memory)
-                for k, v in batch.items()}
+        return {
+            k: move_to_device(v, device, non_blocking=non_blocking, pin_memory=pin_memory) for k, v in batch.items()
+        }
     if isinstance(batch, (list, tuple)):
-        moved = [move_to_device(v, device, non_blocking=non_blocking, pin_memory=pin_memory)
-                 for v in batch]
+        moved = [move_to_device(v, device, non_blocking=non_blocking, pin_memory=pin_memory) for v in batch]
         return type(batch)(moved) if not hasattr(batch, "_fields") else type(batch)(*moved)
     return batch
 
@@ -62,13 +67,12 @@ class DevicePrefetcher:
     """
 
     def __init__(self, loader: Iterable, device: torch.device | str, *, depth: int = 2):
-        if not isinstance(depth, int) or depth < 1:
-            raise ValueError(f"depth must be a positive int, got {depth!r}")
+        check_positive(depth, "depth", allow_none=False, integer=True)
         self.loader, self.device, self.depth = loader, torch.device(device), depth
 
     @property
     def mode(self) -> str:
-        """"cuda-stream" or "thread" (the CPU fallback)."""
+        """ "cuda-stream" or "thread" (the CPU fallback)."""
         return "cuda-stream" if self.device.type == "cuda" else "thread"
 
     def __iter__(self) -> Iterator[object]:

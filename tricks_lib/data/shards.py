@@ -33,28 +33,17 @@ from pathlib import Path
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from ._atomic import atomic_path
-from .images import _check_samples
+from tricks_lib._validate import check_non_negative_int, check_positive
+from tricks_lib.data._atomic import atomic_path
+from tricks_lib.data.samples import check_samples
+from tricks_lib.data.tar_format import BLOCK, ShardError, iter_members
 
-_BLOCK = 512
-_ZERO_BLOCK = bytes(_BLOCK)
-
-
-class ShardError(ValueError):
-    """A shard is truncated or corrupt. ``shard`` is its path, ``offset`` the byte offset of the problem."""
-
-    def __init__(self, shard: Path, offset: int, reason: str):
-        super().__init__(f"{shard}: {reason} at byte offset {offset}")
-        self.shard = Path(shard)
-        self.offset = offset
-        self.reason = reason
-
-    def __reduce__(self):  # keep the attributes when re-raised from a DataLoader worker
-        return (type(self), (self.shard, self.offset, self.reason))
+__all__ = ["ShardError", "ShardIndex", "TarShardDataset", "index_tar_shard", "read_tar_samples", "write_tar_shards"]
 
 
-def write_tar_shards(samples: Iterable[dict], out_dir: str | os.PathLike, *, samples_per_shard: int,
-                     prefix: str = "shard") -> list[Path]:
+def write_tar_shards(
+    samples: Iterable[dict], out_dir: str | os.PathLike, *, samples_per_shard: int, prefix: str = "shard"
+) -> list[Path]:
     """Write samples into tar shards ``out_dir/<prefix>-000000.tar``, ... in the WebDataset layout.
 
     Each shard is written under a temporary name and renamed when complete, so an interrupted run
@@ -76,13 +65,12 @@ def write_tar_shards(samples: Iterable[dict], out_dir: str | os.PathLike, *, sam
     Raises:
         TypeError/ValueError: on malformed samples, duplicate keys or a bad ``samples_per_shard``.
     """
-    if not isinstance(samples_per_shard, int) or samples_per_shard < 1:
-        raise ValueError(f"samples_per_shard must be a positive int, got {samples_per_shard!r}")
+    check_positive(samples_per_shard, "samples_per_shard", allow_none=False, integer=True)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     shards: list[Path] = []
     seen: set[str] = set()
-    it = iter(_check_samples(samples))
+    it = iter(check_samples(samples))
     while True:
         first = next(it, None)
         if first is None:
@@ -124,97 +112,8 @@ class _BytesReader:
 
     def read(self, n: int = -1) -> bytes:
         end = len(self._data) if n < 0 else self._pos + n
-        chunk, self._pos = self._data[self._pos:end], min(end, len(self._data))
+        chunk, self._pos = self._data[self._pos : end], min(end, len(self._data))
         return chunk
-
-
-# --------------------------------------------------------------------------------------- reading
-def _octal(field: bytes) -> int:
-    if field[:1] and field[0] & 0x80:  # GNU base-256 for large values
-        return int.from_bytes(field[1:], "big")
-    text = field.split(b"\0", 1)[0].strip()
-    return int(text, 8) if text else 0
-
-
-def _header_ok(block: bytes) -> bool:
-    try:
-        stored = _octal(block[148:156])
-    except ValueError:
-        return False
-    unsigned = sum(block[:148]) + 8 * 32 + sum(block[156:])
-    signed = unsigned - 2 * sum(b for b in block[:148] + block[156:] if b > 127)
-    return stored in (unsigned, signed)
-
-
-def _pax_records(data: bytes) -> dict[str, str]:
-    records, pos = {}, 0
-    while pos < len(data):
-        space = data.index(b" ", pos)
-        length = int(data[pos:space])
-        key, _, value = data[space + 1:pos + length - 1].partition(b"=")
-        records[key.decode()] = value.decode("utf-8", "surrogateescape")
-        pos += length
-    return records
-
-
-def _members(f, shard: Path, offset: int, stop: int | None, file_size: int,
-             with_data: bool) -> Iterator[tuple[int, str, bytes | None]]:
-    """Yield ``(start_offset, name, data)`` of the regular files from ``offset``.
-
-    ``start_offset`` is where the member's header chain (pax/GNU long-name headers included)
-    begins. Stops at ``stop`` or at the end-of-archive marker; raises ShardError on any defect.
-    """
-    f.seek(offset)
-    chain_start, long_name, pax = None, None, {}
-    while True:
-        if offset == stop and chain_start is None:
-            return
-        block = f.read(_BLOCK)
-        if not block:
-            raise ShardError(shard, offset, "truncated: the end-of-archive marker is missing")
-        if len(block) < _BLOCK:
-            raise ShardError(shard, offset, f"truncated header ({len(block)} of {_BLOCK} bytes)")
-        if block == _ZERO_BLOCK:
-            if chain_start is not None or (stop is not None and offset != stop):
-                raise ShardError(shard, offset, "unexpected end-of-archive marker")
-            return
-        if not _header_ok(block):
-            raise ShardError(shard, offset, "corrupt header (checksum mismatch)")
-        if chain_start is None:
-            chain_start = offset
-        kind = block[156:157]
-        size = int(pax.get("size", _octal(block[124:136])))
-        data_start = offset + _BLOCK
-        offset = data_start + (size + _BLOCK - 1) // _BLOCK * _BLOCK
-        if offset > file_size:
-            raise ShardError(shard, data_start, f"truncated member data ({size} bytes declared, "
-                             f"{max(0, file_size - data_start)} present)")
-        if kind in (b"x", b"L", b"g", b"K") or (with_data and kind in (b"0", b"\0", b"7")):
-            data = f.read(size)
-            f.seek(offset)
-        else:
-            data = None
-            f.seek(offset)
-        if kind == b"x":
-            pax = _pax_records(data)
-            continue
-        if kind == b"L":
-            long_name = data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-            continue
-        if kind in (b"g", b"K"):
-            continue
-        name = pax.get("path") or long_name
-        if name is None:
-            name = block[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-            prefix = block[345:500].split(b"\0", 1)[0]
-            if block[257:263] == b"ustar\0" and prefix:
-                name = prefix.decode("utf-8", "surrogateescape") + "/" + name
-        start, chain_start, long_name, pax = chain_start, None, None, {}
-        if kind == b"5":
-            continue  # directory entries carry no sample data
-        if kind not in (b"0", b"\0", b"7"):
-            raise ShardError(shard, start, f"unsupported member type {kind!r} for {name!r}")
-        yield start, name, data
 
 
 def _split_name(name: str, shard: Path, offset: int) -> tuple[str, str]:
@@ -255,7 +154,7 @@ def index_tar_shard(path: str | os.PathLike) -> ShardIndex:
     with open(path, "rb") as f:
         stat = os.fstat(f.fileno())
         keys, offsets, seen, current, exts = [], [], set(), None, set()
-        for start, name, _ in _members(f, path, 0, None, stat.st_size, with_data=False):
+        for start, name, _ in iter_members(f, path, 0, None, stat.st_size, with_data=False):
             key, ext = _split_name(name, path, start)
             if key != current:
                 if key in seen:
@@ -267,7 +166,7 @@ def index_tar_shard(path: str | os.PathLike) -> ShardIndex:
             if ext in exts:
                 raise ShardError(path, start, f"member {name!r} appears twice")
             exts.add(ext)
-        end = f.tell() - _BLOCK
+        end = f.tell() - BLOCK
     return ShardIndex(path, tuple(keys), tuple(offsets), end, stat.st_size, stat.st_mtime_ns)
 
 
@@ -288,8 +187,7 @@ def read_tar_samples(index: ShardIndex, start: int = 0, stop: int | None = None)
             raise ShardError(index.path, 0, "shard changed since it was indexed; index it again")
         end = index.offsets[stop] if stop < len(index) else index.end
         i, sample = start, None
-        for offset, name, data in _members(f, index.path, index.offsets[start], end, stat.st_size,
-                                           with_data=True):
+        for offset, name, data in iter_members(f, index.path, index.offsets[start], end, stat.st_size, with_data=True):
             key, ext = _split_name(name, index.path, offset)
             if sample is None or key != sample["__key__"]:
                 if sample is not None:
@@ -339,23 +237,30 @@ class TarShardDataset(IterableDataset):
         persist (``persistent_workers=True``) keep the epoch they started with.
     """
 
-    def __init__(self, shards: str | os.PathLike | Sequence[str | os.PathLike], *,
-                 shuffle_buffer: int = 0, seed: int = 0, rank: int | None = None,
-                 world_size: int | None = None,
-                 transform: Callable[[dict], object] | None = None):
+    def __init__(
+        self,
+        shards: str | os.PathLike | Sequence[str | os.PathLike],
+        *,
+        shuffle_buffer: int = 0,
+        seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        transform: Callable[[dict], object] | None = None,
+    ):
         super().__init__()
         if isinstance(shards, (str, os.PathLike)):
             shards = [shards]
         shards = [Path(s) for s in shards]
         if not shards:
             raise ValueError("shards is empty: pass at least one tar shard")
-        if not isinstance(shuffle_buffer, int) or shuffle_buffer < 0:
-            raise ValueError(f"shuffle_buffer must be an int >= 0, got {shuffle_buffer!r}")
+        check_non_negative_int(shuffle_buffer, "shuffle_buffer")
         if (rank is None) != (world_size is None):
             raise ValueError("pass both rank and world_size, or neither")
-        if world_size is not None and not (isinstance(world_size, int) and world_size >= 1
-                                           and isinstance(rank, int) and 0 <= rank < world_size):
-            raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
+        if world_size is not None:
+            check_positive(world_size, "world_size", allow_none=False, integer=True)
+            check_non_negative_int(rank, "rank")
+            if rank >= world_size:
+                raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
         if transform is not None and not callable(transform):
             raise TypeError("transform must be callable or None")
         if world_size is None:
@@ -371,12 +276,10 @@ class TarShardDataset(IterableDataset):
 
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch`` to seed the shuffle of the next iteration (same value on every rank)."""
-        if not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
+        check_non_negative_int(epoch, "epoch")
         self.epoch = epoch
 
-    def plan(self, rank: int, world_size: int, worker: int = 0,
-             num_workers: int = 1) -> list[tuple[int, int, int]]:
+    def plan(self, rank: int, world_size: int, worker: int = 0, num_workers: int = 1) -> list[tuple[int, int, int]]:
         """The pieces ``(shard number, first sample, end sample)`` one consumer reads this epoch."""
         order = list(range(len(self.indexes)))
         if self.shuffle_buffer:
@@ -397,8 +300,11 @@ class TarShardDataset(IterableDataset):
         rank, world_size = self.rank, self.world_size  # resolved at construction, not in the worker
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        samples = (sample for shard, start, stop in self.plan(rank, world_size, worker, num_workers)
-                   for sample in read_tar_samples(self.indexes[shard], start, stop))
+        samples = (
+            sample
+            for shard, start, stop in self.plan(rank, world_size, worker, num_workers)
+            for sample in read_tar_samples(self.indexes[shard], start, stop)
+        )
         if self.shuffle_buffer:
             rng = random.Random(f"buffer:{self.seed}:{self.epoch}:{rank}:{worker}")
             samples = _buffer_shuffle(samples, self.shuffle_buffer, rng)
@@ -406,9 +312,11 @@ class TarShardDataset(IterableDataset):
             yield sample if self.transform is None else self.transform(sample)
 
     def __repr__(self) -> str:
-        return (f"TarShardDataset({len(self.indexes)} shards, {self.num_samples} samples, "
-                f"rank={self.rank}/{self.world_size}, shuffle_buffer={self.shuffle_buffer}, "
-                f"seed={self.seed}, epoch={self.epoch})")
+        return (
+            f"TarShardDataset({len(self.indexes)} shards, {self.num_samples} samples, "
+            f"rank={self.rank}/{self.world_size}, shuffle_buffer={self.shuffle_buffer}, "
+            f"seed={self.seed}, epoch={self.epoch})"
+        )
 
 
 def _buffer_shuffle(items: Iterator, size: int, rng: random.Random) -> Iterator:

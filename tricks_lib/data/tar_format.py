@@ -1,0 +1,122 @@
+"""The tar format, read strictly: every header checksum, every member size, the end-of-archive marker.
+
+``iter_members`` walks a tar file's regular members from a byte offset (ustar, GNU long names,
+pax headers) and raises :class:`ShardError`, with the byte offset, on any defect. ``tarfile``
+treats a corrupt or truncated header after the first member as the end of the archive and silently
+drops the rest; a reader of training data must not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+__all__ = ["BLOCK", "ShardError", "iter_members"]
+
+BLOCK = 512
+_ZEROBLOCK = bytes(BLOCK)
+
+
+class ShardError(ValueError):
+    """A shard is truncated or corrupt. ``shard`` is its path, ``offset`` the byte offset of the problem."""
+
+    def __init__(self, shard: Path, offset: int, reason: str):
+        super().__init__(f"{shard}: {reason} at byte offset {offset}")
+        self.shard = Path(shard)
+        self.offset = offset
+        self.reason = reason
+
+    def __reduce__(self):  # keep the attributes when re-raised from a DataLoader worker
+        return (type(self), (self.shard, self.offset, self.reason))
+
+
+def _octal(field: bytes) -> int:
+    if field[:1] and field[0] & 0x80:  # GNU base-256 for large values
+        return int.from_bytes(field[1:], "big")
+    text = field.split(b"\0", 1)[0].strip()
+    return int(text, 8) if text else 0
+
+
+def _header_ok(block: bytes) -> bool:
+    try:
+        stored = _octal(block[148:156])
+    except ValueError:
+        return False
+    unsigned = sum(block[:148]) + 8 * 32 + sum(block[156:])
+    signed = unsigned - 2 * sum(b for b in block[:148] + block[156:] if b > 127)
+    return stored in (unsigned, signed)
+
+
+def _pax_records(data: bytes) -> dict[str, str]:
+    records, pos = {}, 0
+    while pos < len(data):
+        space = data.index(b" ", pos)
+        length = int(data[pos:space])
+        key, _, value = data[space + 1 : pos + length - 1].partition(b"=")
+        records[key.decode()] = value.decode("utf-8", "surrogateescape")
+        pos += length
+    return records
+
+
+def iter_members(
+    f, shard: Path, offset: int, stop: int | None, file_size: int, with_data: bool
+) -> Iterator[tuple[int, str, bytes | None]]:
+    """Yield ``(start_offset, name, data)`` of the regular files from ``offset``.
+
+    ``start_offset`` is where the member's header chain (pax/GNU long-name headers included)
+    begins. Stops at ``stop`` or at the end-of-archive marker; raises ShardError on any defect.
+    """
+    f.seek(offset)
+    chain_start, long_name, pax = None, None, {}
+    while True:
+        if offset == stop and chain_start is None:
+            return
+        block = f.read(BLOCK)
+        if not block:
+            raise ShardError(shard, offset, "truncated: the end-of-archive marker is missing")
+        if len(block) < BLOCK:
+            raise ShardError(shard, offset, f"truncated header ({len(block)} of {BLOCK} bytes)")
+        if block == _ZEROBLOCK:
+            if chain_start is not None or (stop is not None and offset != stop):
+                raise ShardError(shard, offset, "unexpected end-of-archive marker")
+            return
+        if not _header_ok(block):
+            raise ShardError(shard, offset, "corrupt header (checksum mismatch)")
+        if chain_start is None:
+            chain_start = offset
+        kind = block[156:157]
+        size = int(pax.get("size", _octal(block[124:136])))
+        data_start = offset + BLOCK
+        offset = data_start + (size + BLOCK - 1) // BLOCK * BLOCK
+        if offset > file_size:
+            raise ShardError(
+                shard,
+                data_start,
+                f"truncated member data ({size} bytes declared, {max(0, file_size - data_start)} present)",
+            )
+        if kind in (b"x", b"L", b"g", b"K") or (with_data and kind in (b"0", b"\0", b"7")):
+            data = f.read(size)
+            f.seek(offset)
+        else:
+            data = None
+            f.seek(offset)
+        if kind == b"x":
+            pax = _pax_records(data)
+            continue
+        if kind == b"L":
+            long_name = data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            continue
+        if kind in (b"g", b"K"):
+            continue
+        name = pax.get("path") or long_name
+        if name is None:
+            name = block[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            prefix = block[345:500].split(b"\0", 1)[0]
+            if block[257:263] == b"ustar\0" and prefix:
+                name = prefix.decode("utf-8", "surrogateescape") + "/" + name
+        start, chain_start, long_name, pax = chain_start, None, None, {}
+        if kind == b"5":
+            continue  # directory entries carry no sample data
+        if kind not in (b"0", b"\0", b"7"):
+            raise ShardError(shard, start, f"unsupported member type {kind!r} for {name!r}")
+        yield start, name, data

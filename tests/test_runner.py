@@ -76,30 +76,14 @@ def test_kernels_start_with_cublas_configured_for_determinism(notebooks, tmp_pat
     assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ  # the caller's environment is restored
 
 
-def test_summary_shows_compile_costs(tmp_path):
+def test_summary_shows_compile_costs(tmp_path, monkeypatch):
+    from tricks_lib.compiling import CompileCost
+    from tricks_lib.results import record
     from tricks_lib.runner import NotebookRun
 
-    (tmp_path / "records.jsonl").write_text(
-        json.dumps(
-            {
-                "notebook": "02",
-                "trick": "compile",
-                "kind": "compile",
-                "device": "cpu",
-                "machine": "m",
-                "rows": [
-                    {
-                        "cold_first_call_s": 9.0,
-                        "warm_first_call_s": 2.0,
-                        "import_torch_s": 1.5,
-                        "cold_process_s": 12.0,
-                        "warm_process_s": 5.0,
-                    }
-                ],
-            }
-        )
-        + "\n"
-    )
+    monkeypatch.setenv("TRICKS_RESULTS", str(tmp_path / "records.jsonl"))
+    cost = CompileCost(9.0, 2.0, 1.5, 12.0, 5.0, compiled=lambda: None, namespace={"DEVICE": "cpu"})
+    record("compile", cost, notebook="02")
     md, js = write_summary(tmp_path, [NotebookRun("02", True, 1.0)], quick=True)
     variants = {m["variant"]: m["median_s"] for m in json.loads(js.read_text())["measurements"]}
     assert variants == {"first call, empty caches": 9.0, "first call, warm on-disk cache": 2.0, "import torch": 1.5}

@@ -28,6 +28,7 @@ import torch
 from tricks_lib._validate import check_positive
 from tricks_lib.env import pick_device
 from tricks_lib.memory import format_bytes, measure_memory
+from tricks_lib.summary import SummaryRow
 
 __all__ = ["BatchProbe", "BatchSearch", "largest_batch"]
 
@@ -92,6 +93,20 @@ class BatchSearch:
         return (
             f"<p><code>{html.escape(repr(self))}</code></p>"
             f"<table><tr><th>batch</th><th>result</th><th>{html.escape(self.criterion)}</th></tr>{rows}</table>"
+        )
+
+    def summary_rows(self) -> tuple[SummaryRow, ...]:
+        budget = format_bytes(self.budget_bytes) if self.budget_bytes is not None else "the device's capacity"
+        limit = f"; the limit {self.high} fit, the real ceiling may be higher" if self.reached_high else ""
+        used = self.used_bytes
+        return (
+            SummaryRow(
+                variant=f"largest batch that fits ({self.criterion})",
+                device=self.device,
+                verdict=f"batch {self.batch_size} within {budget}{limit}",
+                saved_bytes=used if self.criterion == "saved for backward" else None,
+                peak_allocated_bytes=used if self.criterion != "saved for backward" else None,
+            ),
         )
 
     def to_dict(self) -> dict:

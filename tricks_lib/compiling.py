@@ -30,6 +30,7 @@ import torch
 
 from tricks_lib.bench import format_seconds, time_first_call
 from tricks_lib.env import pick_device
+from tricks_lib.summary import SummaryRow
 
 __all__ = ["CompileCost", "compile_cost", "fresh_compile_cache"]
 
@@ -134,6 +135,17 @@ class CompileCost:
 
     def _repr_html_(self) -> str:
         return f"<code>{html.escape(repr(self))}</code>"
+
+    def summary_rows(self) -> tuple[SummaryRow, ...]:
+        device = str(self.namespace.get("DEVICE", "unknown"))
+        return tuple(
+            SummaryRow(variant=variant, device=device, median_s=seconds, verdict="one fresh process each")
+            for variant, seconds in (
+                ("first call, empty caches", self.cold_seconds),
+                ("first call, warm on-disk cache", self.warm_seconds),
+                ("import torch", self.import_torch_seconds),
+            )
+        )
 
     def to_dict(self) -> dict:
         return {

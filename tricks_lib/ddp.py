@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from tricks_lib.bench import Measurement, format_seconds
+from tricks_lib.summary import SummaryRow
 
 __all__ = ["DDPResult", "main", "launch_ddp", "free_port"]
 
@@ -120,6 +121,27 @@ class DDPResult:
             num_threads=self.threads_per_process,
             items=self.world_size * self.batch_size,
         )
+
+    def summary_rows(self) -> tuple[SummaryRow, ...]:
+        sync = (
+            ""
+            if self.accumulation_steps == 1
+            else f", {self.accumulation_steps} micro-batches, no_sync {'on' if self.no_sync else 'off'}"
+        )
+        return (
+            SummaryRow(
+                variant=f"{self.world_size} x {self.backend} processes{sync}",
+                device=self.device,
+                median_s=self.median_step_seconds,
+                iqr_s=self.iqr_step_seconds,
+                items_per_second=self.samples_per_second,
+            ),
+        )
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["step_times"] = list(self.step_times)
+        return out
 
     def __repr__(self) -> str:
         same = "identical" if self.params_identical else f"DIFFERENT (max |diff| {self.max_param_difference:.3g})"

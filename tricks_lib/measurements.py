@@ -24,6 +24,7 @@ from tricks_lib.stats import (
     replicate_speedups,
     replicates_agree,
 )
+from tricks_lib.summary import SummaryRow
 
 if TYPE_CHECKING:
     from tricks_lib.memory import MemoryReport
@@ -98,6 +99,17 @@ class Measurement:
     def _repr_html_(self) -> str:
         return f"<code>{html.escape(repr(self))}</code>"
 
+    def summary_rows(self) -> tuple[SummaryRow, ...]:
+        return (
+            SummaryRow(
+                variant=self.label,
+                device=self.device,
+                median_s=self.median,
+                iqr_s=self.iqr,
+                items_per_second=self.items_per_second,
+            ),
+        )
+
     def to_dict(self) -> dict:
         return {
             "label": self.label,
@@ -158,6 +170,21 @@ class ComparisonRow:
         else:
             verdict = f"{1 / self.speedup:.2f}x slower"
         return f"{verdict} (suspect: {self.suspect})" if self.suspect else verdict
+
+    def summary_row(self) -> SummaryRow:
+        m, mem = self.measurement, self.memory
+        return SummaryRow(
+            variant=self.name,
+            device=m.device,
+            median_s=m.median,
+            iqr_s=m.iqr,
+            speedup=_finite_or_none(self.speedup),
+            verdict=self.verdict,
+            items_per_second=m.items_per_second,
+            saved_bytes=mem.saved_bytes if mem else None,
+            peak_saved_bytes=mem.peak_saved_bytes if mem else None,
+            peak_allocated_bytes=mem.peak_allocated_bytes if mem else None,
+        )
 
     def to_dict(self) -> dict:
         out = {"variant": self.name, **self.measurement.to_dict()}
@@ -289,6 +316,9 @@ class Comparison:
         from tricks_lib.plot import speedup_bars
 
         return speedup_bars(self, ax=ax)
+
+    def summary_rows(self) -> tuple[SummaryRow, ...]:
+        return tuple(r.summary_row() for r in self.rows)
 
     def to_dict(self) -> dict:
         return {

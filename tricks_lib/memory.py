@@ -17,6 +17,7 @@ import torch
 
 from tricks_lib.env import pick_device
 from tricks_lib.formatting import format_bytes
+from tricks_lib.summary import SummaryRow
 
 __all__ = ["MemoryReport", "StateBytes", "format_bytes", "measure_memory", "model_state_bytes"]
 
@@ -61,6 +62,17 @@ class MemoryReport:
 
     def _repr_html_(self) -> str:
         return f"<code>{html.escape(repr(self))}</code>"
+
+    def summary_rows(self) -> tuple[SummaryRow, ...]:
+        return (
+            SummaryRow(
+                variant=self.label,
+                device=self.device,
+                saved_bytes=self.saved_bytes,
+                peak_saved_bytes=self.peak_saved_bytes,
+                peak_allocated_bytes=self.peak_allocated_bytes,
+            ),
+        )
 
     def to_dict(self) -> dict:
         return {

@@ -13,10 +13,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from tricks_lib.bench import Comparison, Measurement
-from tricks_lib.compiling import CompileCost
 from tricks_lib.env import describe
-from tricks_lib.memory import MemoryReport
+from tricks_lib.summary import Summarizable
 
 __all__ = ["Record", "load_records", "record"]
 
@@ -30,10 +28,11 @@ class Record:
 
     notebook: str
     trick: str
-    kind: str  # "comparison" | "measurement" | "memory" | "compile"
-    rows: tuple[dict, ...]
+    kind: str  # the result's type: "comparison", "measurement", "memory", "compile", "batch search", "ddp"
+    rows: tuple[dict, ...]  # the result's details (``to_dict()``; a comparison: one per variant)
     device: str
     machine: str  # describe().summary() of the machine that measured it
+    summary: tuple[dict, ...] = ()  # the result's own ``SummaryRow``s, as dicts: what summary.json lists
 
     def to_dict(self) -> dict:
         return {
@@ -43,31 +42,42 @@ class Record:
             "rows": list(self.rows),
             "device": self.device,
             "machine": self.machine,
+            "summary": list(self.summary),
         }
 
     def __repr__(self) -> str:
         return f"Record({self.trick!r}, {self.kind}, {len(self.rows)} rows, {self.device})"
 
 
-def _rows_of(result: Comparison | Measurement | MemoryReport | CompileCost) -> tuple[str, tuple[dict, ...], str]:
-    if isinstance(result, Comparison):
-        return "comparison", tuple(r.to_dict() for r in result.rows), result.device
-    if isinstance(result, Measurement):
-        return "measurement", (result.to_dict(),), result.device
-    if isinstance(result, MemoryReport):
-        return "memory", (result.to_dict(),), result.device
-    if isinstance(result, CompileCost):
-        device = result.namespace.get("DEVICE")
-        return "compile", (result.to_dict(),), str(device) if device is not None else "unknown"
-    raise TypeError(
-        f"record() takes a Comparison, Measurement, MemoryReport or CompileCost, got {type(result).__name__}; "
-        "time with tricks_lib.bench or measure with tricks_lib.memory first"
-    )
+# The kind of each result type, by class name (the classes live in modules that import this one's
+# dependencies; naming them here keeps results.py free of import cycles).
+_KINDS = {
+    "Comparison": "comparison",
+    "Measurement": "measurement",
+    "MemoryReport": "memory",
+    "CompileCost": "compile",
+    "BatchSearch": "batch search",
+    "DDPResult": "ddp",
+}
+
+
+def _rows_of(result: Summarizable) -> tuple[str, tuple[dict, ...], str, tuple[dict, ...]]:
+    kind = _KINDS.get(type(result).__name__)
+    if kind is None or not callable(getattr(result, "summary_rows", None)):
+        raise TypeError(
+            f"record() takes a Comparison, Measurement, MemoryReport, CompileCost, BatchSearch or DDPResult, got "
+            f"{type(result).__name__}; time with tricks_lib.bench or measure with tricks_lib.memory first"
+        )
+    summary = tuple(row.to_dict() for row in result.summary_rows())
+    details = result.to_dict()
+    rows = tuple(details["rows"]) if kind == "comparison" else (details,)
+    device = summary[0]["device"] if summary else "unknown"
+    return kind, rows, device, summary
 
 
 def record(
     trick: str,
-    result: Comparison | Measurement | MemoryReport | CompileCost,
+    result: Summarizable,
     *,
     notebook: str | None = None,
 ) -> Record:
@@ -86,7 +96,7 @@ def record(
         raise TypeError(f"trick must be a string naming the trick, got {type(trick).__name__}")
     if not trick.strip():
         raise ValueError("trick must name the trick, e.g. 'channels_last'")
-    kind, rows, device = _rows_of(result)
+    kind, rows, device, summary = _rows_of(result)
     rec = Record(
         notebook=notebook or os.environ.get(NOTEBOOK_ENV_VAR) or "interactive",
         trick=trick,
@@ -94,6 +104,7 @@ def record(
         rows=rows,
         device=device,
         machine=describe().summary(),
+        summary=summary,
     )
     target = os.environ.get(RESULTS_ENV_VAR)
     if target:
@@ -126,6 +137,7 @@ def load_records(path: str | Path) -> list[Record]:
                     rows=tuple(d["rows"]),
                     device=d["device"],
                     machine=d["machine"],
+                    summary=tuple(d.get("summary", ())),
                 )
             )
         except (json.JSONDecodeError, KeyError, TypeError) as err:

@@ -25,7 +25,8 @@ import nbformat
 from jupyter_client.kernelspec import KernelSpecManager
 
 from tricks_lib.env import QUICK_ENV_VAR, describe
-from tricks_lib.results import NOTEBOOK_ENV_VAR, RESULTS_ENV_VAR, Record, load_records
+from tricks_lib.results import NOTEBOOK_ENV_VAR, RESULTS_ENV_VAR, load_records
+from tricks_lib.summary import NotebookStatus, write_summary_files
 from tricks_lib.timing import PROGRESS_ENV_VAR
 
 __all__ = ["NotebookRun", "find_notebooks", "local_path_pattern", "run_notebooks", "write_summary"]
@@ -268,119 +269,8 @@ def run_notebooks(
     return runs
 
 
-def _md_cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
-def _fmt_time(seconds: float | None) -> str:
-    from tricks_lib.bench import format_seconds
-
-    return "-" if seconds is None else format_seconds(seconds)
-
-
-def _summary_rows(records: Sequence[Record]) -> list[dict]:
-    rows = []
-    for rec in records:
-        if rec.kind == "compile":
-            for row in rec.rows:
-                for variant, key in (
-                    ("first call, empty caches", "cold_first_call_s"),
-                    ("first call, warm on-disk cache", "warm_first_call_s"),
-                    ("import torch", "import_torch_s"),
-                ):
-                    rows.append(
-                        {
-                            "notebook": rec.notebook,
-                            "trick": rec.trick,
-                            "variant": variant,
-                            "median_s": row.get(key),
-                            "iqr_s": None,
-                            "speedup": None,
-                            "verdict": "one fresh process each",
-                            "items_per_second": None,
-                            "saved_bytes": None,
-                            "peak_saved_bytes": None,
-                            "peak_allocated_bytes": None,
-                            "device": rec.device,
-                        }
-                    )
-            continue
-        for row in rec.rows:
-            memory = row.get("memory") or (row if rec.kind == "memory" else {})
-            rows.append(
-                {
-                    "notebook": rec.notebook,
-                    "trick": rec.trick,
-                    "variant": row.get("variant") or row.get("label"),
-                    "median_s": row.get("median_s"),
-                    "iqr_s": row.get("iqr_s"),
-                    "speedup": row.get("speedup"),
-                    "verdict": row.get("verdict"),
-                    "items_per_second": row.get("items_per_second"),
-                    "saved_bytes": memory.get("saved_bytes"),
-                    "peak_saved_bytes": memory.get("peak_saved_bytes"),
-                    "peak_allocated_bytes": memory.get("peak_allocated_bytes"),
-                    "device": rec.device,
-                }
-            )
-    return rows
-
-
 def write_summary(out_dir: Path, runs: Sequence[NotebookRun], *, quick: bool) -> tuple[Path, Path]:
     """Write ``summary.json`` and ``summary.md`` from the run's records; returns both paths."""
-    from tricks_lib.memory import format_bytes
-
     env = dataclasses.replace(describe(), quick_mode=quick)  # the mode the notebooks ran in
-    records = load_records(out_dir / "records.jsonl")
-    rows = _summary_rows(records)
-    summary = {
-        "machine": env.to_dict(),
-        "machine_summary": env.summary(),
-        "mode": "quick" if quick else "full",
-        "notebooks": [
-            {
-                "notebook": r.name,
-                "ok": r.ok,
-                "seconds": round(r.seconds, 2),
-                "failed_cell": r.failed_cell_label,
-                "error": r.error,
-            }
-            for r in runs
-        ],
-        "measurements": rows,
-    }
-    json_path = out_dir / "summary.json"
-    json_path.write_text(json.dumps(summary, indent=2, default=str, allow_nan=False) + "\n", encoding="utf-8")
-
-    lines = [
-        "# PyTorch Tricks: measured on this machine",
-        "",
-        f"{env.summary()}",
-        "",
-        "| notebook | status | run time |",
-        "|---|---|---|",
-    ]
-    lines += [
-        f"| {r.name} | {'ok' if r.ok else _md_cell(f'FAILED at {r.failure_location}: {r.error}')} | {r.seconds:.1f} s |"
-        for r in runs
-    ]
-    lines += [
-        "",
-        "| notebook | trick | variant | median | IQR | items/s | speedup | verdict | saved for backward "
-        "(at most at once) | peak allocated | device |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        speedup = f"{r['speedup']:.2f}x" if isinstance(r["speedup"], (int, float)) else "-"
-        rate = f"{r['items_per_second']:,.0f}" if isinstance(r["items_per_second"], (int, float)) else "-"
-        saved = format_bytes(r["saved_bytes"])
-        if r["peak_saved_bytes"] is not None and r["peak_saved_bytes"] != r["saved_bytes"]:
-            saved += f" ({format_bytes(r['peak_saved_bytes'])})"
-        lines.append(
-            f"| {_md_cell(r['notebook'])} | {_md_cell(r['trick'])} | {_md_cell(str(r['variant']))} | "
-            f"{_fmt_time(r['median_s'])} | {_fmt_time(r['iqr_s'])} | {rate} | {speedup} | {r['verdict'] or '-'} | "
-            f"{saved} | {format_bytes(r['peak_allocated_bytes'])} | {r['device']} |"
-        )
-    md_path = out_dir / "summary.md"
-    md_path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return md_path, json_path
+    statuses = [NotebookStatus(r.name, r.ok, round(r.seconds, 2), r.failed_cell_label, r.error) for r in runs]
+    return write_summary_files(out_dir, env, statuses, load_records(out_dir / "records.jsonl"))

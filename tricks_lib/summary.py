@@ -1,0 +1,132 @@
+"""The run summary: one frozen row type that every result renders itself into, and its two files.
+
+Each result type owns its rows (``result.summary_rows()``), so ``record()`` takes any of them and
+the writer never guesses keys. ``summary.json`` holds the machine, the notebooks' status and one
+row per variant; ``summary.md`` is the same as tables. ``SUMMARY_ROW_KEYS`` pins the row schema
+(tests/test_summary.py checks both files against it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from tricks_lib.formatting import format_bytes, format_seconds
+
+if TYPE_CHECKING:
+    from tricks_lib.env import EnvInfo
+    from tricks_lib.results import Record
+
+__all__ = ["SUMMARY_ROW_KEYS", "NotebookStatus", "Summarizable", "SummaryRow", "summary_rows", "write_summary_files"]
+
+
+@dataclass(frozen=True)
+class SummaryRow:
+    """One variant of one measured trick, as the summary lists it (None: not measured for this row)."""
+
+    variant: str
+    device: str
+    median_s: float | None = None
+    iqr_s: float | None = None
+    speedup: float | None = None  # against the comparison's baseline; > 1 is faster
+    verdict: str | None = None
+    items_per_second: float | None = None
+    saved_bytes: int | None = None
+    peak_saved_bytes: int | None = None
+    peak_allocated_bytes: int | None = None
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class Summarizable(Protocol):
+    """What ``record()`` accepts: a result that renders its own summary rows and its details."""
+
+    def summary_rows(self) -> tuple[SummaryRow, ...]: ...
+
+    def to_dict(self) -> dict: ...
+
+
+# The keys of every row of summary.json's "measurements", in order.
+SUMMARY_ROW_KEYS = ("notebook", "trick", *(f.name for f in dataclasses.fields(SummaryRow)))
+
+
+@dataclass(frozen=True)
+class NotebookStatus:
+    """How one notebook's run ended, as the summary shows it."""
+
+    notebook: str
+    ok: bool
+    seconds: float
+    failed_cell: str | None
+    error: str | None
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _time(seconds: float | None) -> str:
+    return "-" if seconds is None else format_seconds(seconds)
+
+
+def summary_rows(records: Sequence[Record]) -> list[dict]:
+    """The measurement rows of summary.json: each record's own summary rows, stamped with its names."""
+    return [{"notebook": rec.notebook, "trick": rec.trick, **row} for rec in records for row in rec.summary]
+
+
+def _markdown(env: EnvInfo, statuses: Sequence[NotebookStatus], rows: list[dict]) -> str:
+    lines = [
+        "# PyTorch Tricks: measured on this machine",
+        "",
+        env.summary(),
+        "",
+        "| notebook | status | run time |",
+        "|---|---|---|",
+    ]
+    for s in statuses:
+        status = "ok" if s.ok else _md_cell(f"FAILED at {s.failed_cell}: {s.error}")
+        lines.append(f"| {s.notebook} | {status} | {s.seconds:.1f} s |")
+    lines += [
+        "",
+        "| notebook | trick | variant | median | IQR | items/s | speedup | verdict | saved for backward "
+        "(at most at once) | peak allocated | device |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        speedup = f"{r['speedup']:.2f}x" if r["speedup"] is not None else "-"
+        rate = f"{r['items_per_second']:,.0f}" if r["items_per_second"] is not None else "-"
+        saved = format_bytes(r["saved_bytes"])
+        if r["peak_saved_bytes"] is not None and r["peak_saved_bytes"] != r["saved_bytes"]:
+            saved += f" ({format_bytes(r['peak_saved_bytes'])})"
+        lines.append(
+            f"| {_md_cell(r['notebook'])} | {_md_cell(r['trick'])} | {_md_cell(str(r['variant']))} | "
+            f"{_time(r['median_s'])} | {_time(r['iqr_s'])} | {rate} | {speedup} | {_md_cell(r['verdict'] or '-')} | "
+            f"{saved} | {format_bytes(r['peak_allocated_bytes'])} | {r['device']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_summary_files(
+    out_dir: Path, env: EnvInfo, statuses: Sequence[NotebookStatus], records: Sequence[Record]
+) -> tuple[Path, Path]:
+    """Write ``summary.json`` and ``summary.md`` into ``out_dir`` (each atomically); returns (md, json)."""
+    from tricks_lib.data._atomic import write_bytes_atomic
+
+    rows = summary_rows(records)
+    summary = {
+        "machine": env.to_dict(),
+        "machine_summary": env.summary(),
+        "mode": "quick" if env.quick_mode else "full",
+        "notebooks": [dataclasses.asdict(s) for s in statuses],
+        "measurements": rows,
+    }
+    json_path, md_path = Path(out_dir) / "summary.json", Path(out_dir) / "summary.md"
+    text = json.dumps(summary, indent=2, default=str, allow_nan=False) + "\n"
+    write_bytes_atomic(json_path, text.encode("utf-8"))
+    write_bytes_atomic(md_path, _markdown(env, statuses, rows).encode("utf-8"))
+    return md_path, json_path

@@ -91,7 +91,7 @@ def test_every_result_type_reaches_both_summary_files(monkeypatch, tmp_path):
     statuses = [NotebookStatus("99_test", True, 1.5, None, None)]
     md_path, json_path = write_summary_files(tmp_path, env, statuses, load_records(tmp_path / "records.jsonl"))
     summary = json.loads(json_path.read_text())
-    assert set(summary) == {"machine", "machine_summary", "mode", "notebooks", "measurements"}
+    assert set(summary) == {"machine", "machine_summary", "mode", "notebooks", "measurements", "verdicts"}
     assert summary["notebooks"] == [
         {"notebook": "99_test", "ok": True, "seconds": 1.5, "failed_cell": None, "error": None}
     ]

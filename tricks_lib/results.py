@@ -58,6 +58,7 @@ _KINDS = {
     "CompileCost": "compile",
     "BatchSearch": "batch search",
     "DDPResult": "ddp",
+    "VerdictRow": "verdict",
 }
 
 
@@ -65,7 +66,7 @@ def _rows_of(result: Summarizable) -> tuple[str, tuple[dict, ...], str, tuple[di
     kind = _KINDS.get(type(result).__name__)
     if kind is None or not callable(getattr(result, "summary_rows", None)):
         raise TypeError(
-            f"record() takes a Comparison, Measurement, MemoryReport, CompileCost, BatchSearch or DDPResult, got "
+            f"record() takes a Comparison, Measurement, MemoryReport, CompileCost, BatchSearch, DDPResult or VerdictRow, got "
             f"{type(result).__name__}; time with tricks_lib.bench or measure with tricks_lib.memory first"
         )
     summary = tuple(row.to_dict() for row in result.summary_rows())

@@ -2,7 +2,8 @@
 
 Each result type owns its rows (``result.summary_rows()``), so ``record()`` takes any of them and
 the writer never guesses keys. ``summary.json`` holds the machine, the notebooks' status and one
-row per variant; ``summary.md`` is the same as tables. ``SUMMARY_ROW_KEYS`` pins the row schema
+row per variant; ``summary.md`` is the same as tables. The rows of the notebooks' verdict tables (``tricks_lib.verdicts``) go to their own list,
+"verdicts", with the same keys. ``SUMMARY_ROW_KEYS`` pins the row schema
 (tests/test_summary.py checks both files against it).
 """
 
@@ -74,12 +75,20 @@ def _time(seconds: float | None) -> str:
     return "-" if seconds is None else format_seconds(seconds)
 
 
-def summary_rows(records: Sequence[Record]) -> list[dict]:
-    """The measurement rows of summary.json: each record's own summary rows, stamped with its names."""
-    return [{"notebook": rec.notebook, "trick": rec.trick, **row} for rec in records for row in rec.summary]
+def summary_rows(records: Sequence[Record], *, verdicts: bool = False) -> list[dict]:
+    """Rows of summary.json: each record's own summary rows, stamped with its names.
+
+    ``verdicts=False``: the measurements; ``True``: the rows of the notebooks' verdict tables.
+    """
+    return [
+        {"notebook": rec.notebook, "trick": rec.trick, **row}
+        for rec in records
+        if (rec.kind == "verdict") == verdicts
+        for row in rec.summary
+    ]
 
 
-def _markdown(env: EnvInfo, statuses: Sequence[NotebookStatus], rows: list[dict]) -> str:
+def _markdown(env: EnvInfo, statuses: Sequence[NotebookStatus], rows: list[dict], verdicts: list[dict]) -> str:
     lines = [
         "# PyTorch Tricks: measured on this machine",
         "",
@@ -108,6 +117,12 @@ def _markdown(env: EnvInfo, statuses: Sequence[NotebookStatus], rows: list[dict]
             f"{_time(r['median_s'])} | {_time(r['iqr_s'])} | {rate} | {speedup} | {_md_cell(r['verdict'] or '-')} | "
             f"{saved} | {format_bytes(r['peak_allocated_bytes'])} | {r['device']} |"
         )
+    if verdicts:
+        lines += ["", "## Verdicts", "", "| notebook | trick | measured here | device |", "|---|---|---|---|"]
+        lines += [
+            f"| {_md_cell(v['notebook'])} | {_md_cell(v['trick'])} | {_md_cell(v['verdict'] or '-')} | {v['device']} |"
+            for v in verdicts
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -117,16 +132,17 @@ def write_summary_files(
     """Write ``summary.json`` and ``summary.md`` into ``out_dir`` (each atomically); returns (md, json)."""
     from tricks_lib.data._atomic import write_bytes_atomic
 
-    rows = summary_rows(records)
+    rows, verdicts = summary_rows(records), summary_rows(records, verdicts=True)
     summary = {
         "machine": env.to_dict(),
         "machine_summary": env.summary(),
         "mode": "quick" if env.quick_mode else "full",
         "notebooks": [dataclasses.asdict(s) for s in statuses],
         "measurements": rows,
+        "verdicts": verdicts,
     }
     json_path, md_path = Path(out_dir) / "summary.json", Path(out_dir) / "summary.md"
     text = json.dumps(summary, indent=2, default=str, allow_nan=False) + "\n"
     write_bytes_atomic(json_path, text.encode("utf-8"))
-    write_bytes_atomic(md_path, _markdown(env, statuses, rows).encode("utf-8"))
+    write_bytes_atomic(md_path, _markdown(env, statuses, rows, verdicts).encode("utf-8"))
     return md_path, json_path

@@ -1,0 +1,117 @@
+"""tricks_lib.verdicts: the verdict table and the reading helpers, on results with known numbers."""
+
+import json
+
+import pytest
+import torch
+
+from tricks_lib.compiling import CompileCost
+from tricks_lib.measurements import Comparison, ComparisonRow, Measurement
+from tricks_lib.memory import MemoryReport
+from tricks_lib.results import load_records
+from tricks_lib.training import autocast_dtype
+from tricks_lib.verdicts import VerdictTable, break_even, fastest, memory_change, paired_ratio, verdict_of
+
+
+def timed(label, seconds, rounds=20, items=None, jitter=0.002):
+    # Alternating +-jitter per round: a spread, and paired ratios that are the same every round.
+    times = tuple(seconds * (1 + (jitter if i % 2 else -jitter)) for i in range(rounds))
+    return Measurement(label, times, 1, "cpu", 2, items=items)
+
+
+def comparison(costs, baseline, items=None):
+    """A Comparison read from known per-call times, through the same Comparison.versus the harness uses."""
+    measurements = {name: timed(name, s, items=(items or {}).get(name)) for name, s in costs.items()}
+    rows = tuple(ComparisonRow(n, m, 1.0, 1.0, 1.0, False, n == baseline) for n, m in measurements.items())
+    c = Comparison("c", baseline, rows, rounds=20, device="cpu", num_threads=2, min_effect=0.03, per_item=bool(items))
+    return Comparison(
+        "c", baseline, tuple(c.versus(n, baseline) for n in costs), 20, "cpu", 2, 0.03, per_item=bool(items)
+    )
+
+
+def test_reading_helpers_on_known_times():
+    c = comparison({"eager": 4e-3, "compiled": 1e-3, "same": 4e-3}, "eager")
+    assert verdict_of(c, "compiled") == "4.00x faster"
+    assert verdict_of(c, "eager", against="compiled") == "4.00x slower"
+    assert verdict_of(c, "same") == "not significant"
+    assert paired_ratio(c, "compiled", "same") == pytest.approx(4.0)
+    assert fastest(c) == ("compiled", True)
+    tie = comparison({"a": 1e-3, "b": 1.01e-3}, "a")
+    assert fastest(tie) == ("a", False)  # 1% is within the 3% threshold: no clear winner
+    # Throughput: 8 items in 2 ms beats 1 item in 1 ms.
+    per_item = comparison({"small": 1e-3, "big": 2e-3}, "small", items={"small": 1, "big": 8})
+    assert fastest(per_item) == ("big", True) and verdict_of(per_item, "big") == "4.00x faster"
+
+
+def test_break_even_only_when_the_compiled_call_is_faster():
+    cost = CompileCost(10.0005, 1.0005, 1.0, 12.0, 3.0, compiled=lambda: None, namespace={})
+    c = comparison({"eager": 4e-3, "compiled": 1e-3}, "eager")
+    # (first - compiled) / (eager - compiled), rounded up: 9.9995 / 0.003 = 3333.2, 0.9995 / 0.003 = 333.2.
+    assert break_even(cost, c, "compiled", "eager") == {"cold": 3334, "warm": 334}
+    slower = comparison({"eager": 1e-3, "compiled": 4e-3}, "eager")
+    assert break_even(cost, slower, "compiled", "eager") is None
+    same = comparison({"eager": 1e-3, "compiled": 1e-3}, "eager")
+    assert break_even(cost, same, "compiled", "eager") is None
+
+
+def test_memory_change_in_words():
+    def report(saved, peak=None):
+        return MemoryReport("x", "cpu", saved_bytes=saved, saved_tensors=1, peak_saved_bytes=peak or saved)
+
+    assert memory_change(report(4096), report(1024)) == "4.00x less"
+    assert memory_change(report(1024), report(1536)) == "1.50x more"
+    assert memory_change(report(1024), report(1024)) == "same"
+    assert memory_change(report(4096), report(0)) == "none kept (was 4.00 KiB)"
+    assert memory_change(report(4096, 4096), report(4096, 1024)) == "4.00x less"  # the peak, by default
+    assert memory_change(report(4096, 4096), report(4096, 1024), field="saved_bytes") == "same"
+    with pytest.raises(ValueError, match="CUDA only"):
+        memory_change(report(1), report(1), field="peak_allocated_bytes")
+    with pytest.raises(ValueError, match="byte count"):
+        memory_change(report(1), report(1), field="label")
+
+
+def test_verdict_table_rows_render_and_reach_the_summary(monkeypatch, tmp_path):
+    monkeypatch.setenv("TRICKS_RESULTS", str(tmp_path / "records.jsonl"))
+    monkeypatch.setenv("TRICKS_NOTEBOOK", "99_test")
+    c = comparison({"eager": 4e-3, "compiled": 1e-3}, "eager")
+    table = VerdictTable()
+    table.add("torch.compile", c, "short jobs", variant="compiled")
+    table.add("eager against compiled", c, "-", variant="eager", against="compiled")
+    table.add("the row itself", c["compiled"], "-", note="; 2 MiB saved")
+    table.add("a computed fact", f"two runs identical: {'yes' if 1 + 1 == 2 else 'no'}", "same hardware only")
+    md = table.to_markdown()
+    assert md.splitlines()[0] == "| trick | measured here | when it does not help |"
+    assert "| torch.compile | 4.00x faster | short jobs |" in md
+    assert "| eager against compiled | 4.00x slower | - |" in md
+    assert "| the row itself | 4.00x faster; 2 MiB saved | - |" in md
+    assert table._repr_markdown_() == md and "<td>a computed fact</td>" in table.to_html()
+    records = load_records(tmp_path / "records.jsonl")
+    assert [r.kind for r in records] == ["verdict"] * 4
+    assert records[0].summary[0]["verdict"] == "4.00x faster" and records[0].summary[0]["speedup"] == pytest.approx(4)
+    json.dumps([r.to_dict() for r in records], allow_nan=False)
+
+
+def test_verdict_table_bad_input():
+    table = VerdictTable(record_rows=False)
+    c = comparison({"a": 1e-3, "b": 2e-3}, "a")
+    with pytest.raises(TypeError, match="needs variant="):
+        table.add("x", c, "-")
+    with pytest.raises(KeyError):
+        table.add("x", c, "-", variant="zz")
+    with pytest.raises(TypeError, match="computed sentence"):
+        table.add("x", 1.5, "-")
+    with pytest.raises(TypeError, match="caveat"):
+        table.add("x", "fact", None)
+    with pytest.raises(TypeError, match="3 column titles"):
+        VerdictTable(("a", "b"))
+    assert table.rows == []
+
+
+def test_autocast_dtype_is_one_rule():
+    assert autocast_dtype("cpu") == torch.bfloat16
+    assert autocast_dtype(torch.device("cpu")) == torch.bfloat16
+    with pytest.raises(ValueError, match="device"):
+        autocast_dtype("tpu")
+    if torch.cuda.is_available():
+        major, _ = torch.cuda.get_device_capability()
+        assert autocast_dtype("cuda") == (torch.bfloat16 if major >= 8 else torch.float16)

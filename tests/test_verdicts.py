@@ -104,7 +104,18 @@ def test_verdict_table_bad_input():
         table.add("x", "fact", None)
     with pytest.raises(TypeError, match="3 column titles"):
         VerdictTable(("a", "b"))
+    with pytest.raises(ValueError, match="column"):
+        table.add("x", "fact", "-", before=("extra",))
     assert table.rows == []
+
+
+def test_extra_columns_before_the_verdict():
+    table = VerdictTable(("trick", "saved for backward", "time", "when it does not help"), record_rows=False)
+    c = comparison({"a": 2e-3, "b": 1e-3}, "a")
+    table.add("b", c, "never", variant="b", before=("4.00x less",))
+    assert "| b | 4.00x less | 2.00x faster | never |" in table.to_markdown()
+    with pytest.raises(ValueError, match="1 column"):
+        table.add("b", c, "never", variant="b")
 
 
 def test_autocast_dtype_is_one_rule():

@@ -103,12 +103,19 @@ class VerdictRow:
     caveat: str
     device: str = "-"
     speedup: float | None = None  # against the comparison's baseline or ``against``, when read from one
+    before: tuple[str, ...] = ()  # cells between the trick and the verdict (e.g. the memory it saved)
 
     def summary_rows(self) -> tuple[SummaryRow, ...]:
         return (SummaryRow(variant="verdict", device=self.device, speedup=self.speedup, verdict=self.measured),)
 
     def to_dict(self) -> dict:
-        return {"trick": self.trick, "measured": self.measured, "caveat": self.caveat, "device": self.device}
+        return {
+            "trick": self.trick,
+            "before": list(self.before),
+            "measured": self.measured,
+            "caveat": self.caveat,
+            "device": self.device,
+        }
 
 
 class VerdictTable:
@@ -118,18 +125,19 @@ class VerdictTable:
     lists every notebook's verdicts next to its measurements.
 
     Args:
-        columns: the three column titles (trick, what was measured, when it does not help).
+        columns: the column titles: the trick, any cells given as ``add(before=...)``, the verdict,
+            and when it does not help (default: trick, measured here, when it does not help).
         record_rows: record each row for the summary (default True).
     """
 
     def __init__(
         self,
-        columns: tuple[str, str, str] = ("trick", "measured here", "when it does not help"),
+        columns: tuple[str, ...] = ("trick", "measured here", "when it does not help"),
         *,
         record_rows: bool = True,
     ):
-        if not (isinstance(columns, tuple) and len(columns) == 3 and all(isinstance(c, str) for c in columns)):
-            raise TypeError(f"columns must be a tuple of 3 column titles, got {columns!r}")
+        if not (isinstance(columns, tuple) and len(columns) >= 3 and all(isinstance(c, str) for c in columns)):
+            raise TypeError(f"columns must be a tuple of at least 3 column titles, got {columns!r}")
         if not isinstance(record_rows, bool):
             raise TypeError(f"record_rows must be True or False, got {record_rows!r}")
         self.columns, self.record_rows, self.rows = columns, record_rows, []
@@ -143,6 +151,7 @@ class VerdictTable:
         variant: str | None = None,
         against: str | None = None,
         note: str = "",
+        before: tuple[str, ...] = (),
     ) -> VerdictRow:
         """Add the row for ``trick``, read from ``result``, and return it.
 
@@ -153,9 +162,11 @@ class VerdictTable:
                 or a sentence the notebook computed from this run.
             caveat: when the trick does not help: a fixed fact, never an outcome.
             note: appended to the measured text (e.g. the memory it saved).
+            before: the cells between the trick and the verdict, one per extra column.
 
         Raises:
             TypeError: a ``Comparison`` without ``variant``, or a result of another type.
+            ValueError: ``before`` does not fill the table's extra columns.
             KeyError: ``variant`` or ``against`` is not a variant of the comparison.
         """
         from tricks_lib.measurements import Comparison, ComparisonRow
@@ -164,6 +175,13 @@ class VerdictTable:
         for name, value in (("trick", trick), ("caveat", caveat), ("note", note)):
             if not isinstance(value, str):
                 raise TypeError(f"{name} must be a string, got {type(value).__name__}")
+        extra = len(self.columns) - 3
+        if not (isinstance(before, tuple) and all(isinstance(c, str) for c in before)):
+            raise TypeError(f"before must be a tuple of strings, got {before!r}")
+        if len(before) != extra:
+            raise ValueError(
+                f"this table has {extra} column(s) before the verdict ({self.columns[1:-2]}), got before={before!r}"
+            )
         speedup, device = None, "-"
         if isinstance(result, Comparison):
             if variant is None:
@@ -182,7 +200,7 @@ class VerdictTable:
             raise TypeError(
                 f"result must be a Comparison, ComparisonRow, MemoryReport or a computed sentence, got {type(result).__name__}"
             )
-        row = VerdictRow(trick, measured + note, caveat, device, speedup)
+        row = VerdictRow(trick, measured + note, caveat, device, speedup, before)
         self.rows.append(row)
         if self.record_rows:
             from tricks_lib.results import record
@@ -191,7 +209,7 @@ class VerdictTable:
         return row
 
     def _body(self) -> list[list[str]]:
-        return [[r.trick, r.measured, r.caveat] for r in self.rows]
+        return [[r.trick, *r.before, r.measured, r.caveat] for r in self.rows]
 
     def to_markdown(self) -> str:
         return markdown_table(list(self.columns), self._body())

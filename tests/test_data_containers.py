@@ -67,15 +67,10 @@ def test_npy_round_trip(tmp_path):
     assert isinstance(mm, np.memmap) and np.array_equal(mm, arr)
 
 
-class Bomb(bytes):
-    def __bytes__(self):
-        raise RuntimeError("interrupted")
-
-
 @pytest.mark.parametrize("write", [write_lmdb, write_hdf5, write_tfrecord], ids=lambda w: w.__name__)
-def test_interrupted_write_leaves_nothing(tmp_path, write):
+def test_interrupted_write_leaves_nothing(tmp_path, write, failing_bytes):
     samples = make(8)
-    samples[5]["jpg"] = Bomb(b"x" * 10)  # these writers read field bytes while the file is open
+    samples[5]["jpg"] = failing_bytes(b"x" * 10)  # these writers read field bytes while the file is open
     with pytest.raises(RuntimeError, match="interrupted"):
         write(samples, tmp_path / "data.bin")
     assert os.listdir(tmp_path) == []

@@ -62,13 +62,9 @@ def test_jpeg_is_close():
     assert err < 6
 
 
-def test_folder_writer_is_atomic(tmp_path):
-    class Bomb(bytes):
-        def __bytes__(self):
-            raise RuntimeError("interrupted")
-
+def test_folder_writer_is_atomic(tmp_path, failing_bytes):
     samples = make_samples(render_photos(4, size=16))
-    samples[2]["jpg"] = Bomb(b"x")
+    samples[2]["jpg"] = failing_bytes(b"x")
     with pytest.raises(RuntimeError):
         write_image_folder(samples, tmp_path)
     names = sorted(os.listdir(tmp_path))

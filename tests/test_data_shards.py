@@ -120,19 +120,10 @@ def test_same_samples_same_bytes(tmp_path):
     assert [p.read_bytes() for p in a] == [p.read_bytes() for p in b]
 
 
-class Bomb(bytes):
-    """A field whose bytes cannot be produced: simulates a failure in the middle of a write."""
-
-    exc = RuntimeError
-
-    def __bytes__(self):
-        raise self.exc("interrupted")
-
-
 @pytest.mark.parametrize("exc", [RuntimeError, KeyboardInterrupt])
-def test_interrupted_write_leaves_no_partial_shard(tmp_path, exc):
+def test_interrupted_write_leaves_no_partial_shard(tmp_path, exc, failing_bytes):
     samples = make(10)
-    samples[6]["bin"] = type("B", (Bomb,), {"exc": exc})(b"boom")
+    samples[6]["bin"] = failing_bytes(b"boom", exc)
     with pytest.raises(exc):
         write_tar_shards(samples, tmp_path, samples_per_shard=4)
     assert sorted(os.listdir(tmp_path)) == ["shard-000000.tar"]  # complete shard only, no temp file

@@ -24,6 +24,7 @@ from pathlib import Path
 import nbformat
 from jupyter_client.kernelspec import KernelSpecManager
 
+from tricks_lib._atomic import write_bytes_atomic
 from tricks_lib.env import QUICK_ENV_VAR, describe
 from tricks_lib.results import NOTEBOOK_ENV_VAR, RESULTS_ENV_VAR, load_records
 from tricks_lib.summary import NotebookStatus, write_summary_files
@@ -185,6 +186,14 @@ def _execute(nb, folder: Path, timeout: int, on_cell: Callable[[], None]) -> tup
     return None, None
 
 
+def _write_notebook(nb, path: Path) -> None:
+    """Write a notebook atomically: a full disk or a kill mid-write never leaves a truncated notebook."""
+    text = nbformat.writes(nb)
+    if not text.endswith("\n"):
+        text += "\n"  # as nbformat.write does
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
 def _cell_label(nb, index: int | None) -> str | None:
     """'cell 5 of 24 (code cell 3: `first line`)' for a 0-based cell index, as a reader counts."""
     if index is None:
@@ -251,14 +260,14 @@ def run_notebooks(
                 error,
                 failed_cell_label=_cell_label(nb, failed_cell),
             )
-            nbformat.write(nb, executed_dir / path.name)
+            _write_notebook(nb, executed_dir / path.name)
             if run.ok and refresh:
                 run.problems = hygiene_problems(nb)
                 if run.problems:
                     run.ok = False
                     run.error = "outputs not stored: " + "; ".join(run.problems[:5])
                 else:
-                    nbformat.write(nb, path)
+                    _write_notebook(nb, path)
             runs.append(run)
     finally:
         for key, value in saved_env.items():

@@ -130,7 +130,7 @@ def write_summary_files(
     out_dir: Path, env: EnvInfo, statuses: Sequence[NotebookStatus], records: Sequence[Record]
 ) -> tuple[Path, Path]:
     """Write ``summary.json`` and ``summary.md`` into ``out_dir`` (each atomically); returns (md, json)."""
-    from tricks_lib.data._atomic import write_bytes_atomic
+    from tricks_lib._atomic import write_bytes_atomic
 
     rows, verdicts = summary_rows(records), summary_rows(records, verdicts=True)
     summary = {

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from tricks_lib.data._atomic import atomic_path
+from tricks_lib._atomic import atomic_path
 from tricks_lib.data.samples import check_samples
 
 __all__ = [

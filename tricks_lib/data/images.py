@@ -22,8 +22,8 @@ import numpy as np
 import torch
 from PIL import Image
 
+from tricks_lib._atomic import write_bytes_atomic
 from tricks_lib._validate import check_flag, check_positive
-from tricks_lib.data._atomic import write_bytes_atomic
 from tricks_lib.data.samples import check_samples
 
 __all__ = [

@@ -33,8 +33,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from tricks_lib._atomic import atomic_path
 from tricks_lib._validate import check_non_negative_int, check_positive
-from tricks_lib.data._atomic import atomic_path
 from tricks_lib.data.samples import check_samples
 from tricks_lib.data.tar_format import BLOCK, ShardError, iter_members
 

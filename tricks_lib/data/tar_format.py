@@ -14,7 +14,7 @@ from pathlib import Path
 __all__ = ["BLOCK", "ShardError", "iter_members"]
 
 BLOCK = 512
-_ZEROBLOCK = bytes(BLOCK)
+ZERO_BLOCK = bytes(BLOCK)
 
 
 class ShardError(ValueError):
@@ -38,13 +38,47 @@ def _octal(field: bytes) -> int:
 
 
 def _header_ok(block: bytes) -> bool:
+    """The header checksum: the sum of the header's bytes with the checksum field read as 8 spaces.
+
+    POSIX sums unsigned bytes; some old tars summed signed chars, where a byte b > 127 counts as
+    b - 256. The signed sum is only needed when the unsigned one does not match (non-ASCII names).
+    """
     try:
         stored = _octal(block[148:156])
     except ValueError:
         return False
-    unsigned = sum(block[:148]) + 8 * 32 + sum(block[156:])
-    signed = unsigned - 2 * sum(b for b in block[:148] + block[156:] if b > 127)
-    return stored in (unsigned, signed)
+    rest = block[:148] + block[156:]
+    unsigned = sum(rest) + 8 * 32
+    if stored == unsigned:
+        return True
+    return stored == unsigned - 256 * sum(1 for b in rest if b > 127)
+
+
+_CHUNK = 1 << 20
+
+
+def _check_zero_tail(f, shard: Path, offset: int, file_size: int) -> None:
+    """After the first end-of-archive block, everything up to the end of the file must be zero.
+
+    GNU tar's "lone zero block" check: a zeroed sector or a zero-filled gap inside an archive, and a
+    second archive appended to the first, would otherwise end the shard early without a word.
+    """
+    f.seek(offset)
+    pos = offset
+    while pos < file_size:
+        chunk = f.read(min(_CHUNK, file_size - pos))
+        if not chunk:
+            break
+        stripped = chunk.lstrip(b"\0")
+        if stripped:
+            at = pos + len(chunk) - len(stripped)
+            raise ShardError(
+                shard,
+                at,
+                "data after the end-of-archive marker (a zeroed block inside the archive, or two tar files "
+                f"concatenated); the marker is at byte offset {offset}",
+            )
+        pos += len(chunk)
 
 
 def _pax_records(data: bytes) -> dict[str, str]:
@@ -76,9 +110,14 @@ def iter_members(
             raise ShardError(shard, offset, "truncated: the end-of-archive marker is missing")
         if len(block) < BLOCK:
             raise ShardError(shard, offset, f"truncated header ({len(block)} of {BLOCK} bytes)")
-        if block == _ZEROBLOCK:
+        if block == ZERO_BLOCK:
             if chain_start is not None or (stop is not None and offset != stop):
                 raise ShardError(shard, offset, "unexpected end-of-archive marker")
+            if stop is None:  # reading to the end: the archive must really end here
+                if offset == 0:
+                    raise ShardError(shard, 0, "no members: the file starts with an end-of-archive (zero) block")
+                _check_zero_tail(f, shard, offset + BLOCK, file_size)
+                f.seek(offset + BLOCK)
             return
         if not _header_ok(block):
             raise ShardError(shard, offset, "corrupt header (checksum mismatch)")

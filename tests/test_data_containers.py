@@ -155,3 +155,39 @@ def test_close_releases_and_reopens(tmp_path, fmt):
     first = ds[1]
     ds.close()
     assert ds[1] == first
+
+
+def test_tfrecord_checksums_catch_a_flipped_bit(tmp_path):
+    from tfrecord.reader import tfrecord_loader
+
+    from tricks_lib.data import ShardError
+
+    samples = make(4)
+    path = write_tfrecord(samples, tmp_path / "d.tfrecord")
+    data = bytearray(path.read_bytes())
+    data[-20] ^= 0x01  # a bit inside the last record's payload (its JPEG bytes)
+    path.write_bytes(bytes(data))
+    with pytest.raises(ShardError, match="data fails its CRC32C"):
+        list(read_tfrecord(path, ["jpg", "cls"]))
+    # The tfrecord package's own reader returns the flipped byte without a word.
+    loaded = list(tfrecord_loader(str(path), None, {"jpg": "byte"}))
+    assert len(loaded) == 4 and bytes(loaded[-1]["jpg"]) != samples[-1]["jpg"]
+    data[-20] ^= 0x01
+    data[3] ^= 0x10  # the first record's length
+    path.write_bytes(bytes(data))
+    with pytest.raises(ShardError, match="length fails its CRC32C") as err:
+        list(read_tfrecord(path, ["jpg", "cls"]))
+    assert err.value.offset == 0
+
+
+def test_tfrecord_truncation_and_missing_fields_are_errors(tmp_path):
+    from tricks_lib.data import ShardError
+
+    path = write_tfrecord(make(3), tmp_path / "d.tfrecord")
+    whole = path.read_bytes()
+    path.write_bytes(whole[:-7])
+    with pytest.raises(ShardError, match="truncated record"):
+        list(read_tfrecord(path, ["jpg"]))
+    path.write_bytes(whole)
+    with pytest.raises(ShardError, match="no field 'png'"):
+        list(read_tfrecord(path, ["png"]))

@@ -22,6 +22,7 @@ LMDB and HDF5 handles are opened lazily in the process that reads (they must not
 from __future__ import annotations
 
 import os
+import struct
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
@@ -251,17 +252,59 @@ def write_tfrecord(samples: Iterable[dict], path: str | os.PathLike) -> Path:
     return path
 
 
+_TFRECORD_CRC_MASK = 0xA282EAD8
+
+
+def _masked_crc32c(data: bytes) -> int:
+    """TFRecord's checksum: CRC32C, rotated right by 15 bits, plus a constant (mod 2**32)."""
+    import crc32c
+
+    crc = crc32c.crc32c(data)
+    return (((crc >> 15) | (crc << 17)) + _TFRECORD_CRC_MASK) & 0xFFFFFFFF
+
+
 def read_tfrecord(path: str | os.PathLike, fields: Iterable[str]) -> Iterator[dict]:
     """Yield the samples of a TFRecord file made by :func:`write_tfrecord`, in order.
 
-    TFRecord has no random access without a separate index file, so this reader is sequential.
-    """
-    from tfrecord.reader import tfrecord_loader
+    Each record is ``uint64 length, uint32 masked CRC32C of the length, data, uint32 masked CRC32C
+    of the data``; both checksums are checked, as TensorFlow does (the ``tfrecord`` package's reader
+    skips them, so a flipped payload bit would be read silently). TFRecord has no random access
+    without a separate index file, so this reader is sequential.
 
-    description = {"__key__": "byte", **{f: "byte" for f in fields}}
-    for record in tfrecord_loader(str(path), None, description):
-        record["__key__"] = record["__key__"].decode()
-        yield record
+    Raises:
+        ShardError: a truncated record, a checksum mismatch, or a record without a field.
+    """
+    from tfrecord import example_pb2
+
+    from tricks_lib.data.tar_format import ShardError
+
+    path, fields = Path(path), list(fields)
+    with open(path, "rb") as f:
+        offset = 0
+        while True:
+            header = f.read(12)
+            if not header:
+                return
+            if len(header) < 12:
+                raise ShardError(path, offset, f"truncated record header ({len(header)} of 12 bytes)")
+            length, length_crc = struct.unpack("<QI", header)
+            if _masked_crc32c(header[:8]) != length_crc:
+                raise ShardError(path, offset, "record length fails its CRC32C (corrupt length)")
+            data, data_crc = f.read(length), f.read(4)
+            if len(data) < length or len(data_crc) < 4:
+                raise ShardError(path, offset, f"truncated record ({length} bytes declared)")
+            if _masked_crc32c(data) != struct.unpack("<I", data_crc)[0]:
+                raise ShardError(path, offset + 12, "record data fails its CRC32C (corrupt data)")
+            example = example_pb2.Example()
+            example.ParseFromString(data)
+            features = example.features.feature
+            missing = [name for name in ["__key__", *fields] if name not in features]
+            if missing:
+                raise ShardError(path, offset, f"record has no field {missing[0]!r} (fields: {sorted(features)})")
+            sample = {"__key__": features["__key__"].bytes_list.value[0].decode()}
+            sample.update({name: features[name].bytes_list.value[0] for name in fields})
+            yield sample
+            offset += 12 + length + 4
 
 
 def write_pt(samples: Iterable[dict], path: str | os.PathLike) -> Path:

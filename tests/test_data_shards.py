@@ -220,3 +220,75 @@ def test_arguments_are_validated(tmp_path):
         tar.addfile(info, io.BytesIO(b"x"))
     with pytest.raises(ShardError, match="<key>.<ext>"):
         index_tar_shard(bad)
+
+
+def test_a_shard_rewritten_with_its_old_mtime_is_noticed(tmp_path):
+    # cp -p / rsync -a: new content, same size, mtime restored; or a rename over the indexed file.
+    paths = write_tar_shards(make(8), tmp_path, samples_per_shard=8)
+    ds = TarShardDataset(paths)
+    index = ds.indexes[0]
+    other = write_tar_shards(make(8, payload=b"y"), tmp_path / "other", samples_per_shard=8)[0]
+    os.utime(other, ns=(index.mtime_ns, index.mtime_ns))
+    os.replace(other, paths[0])  # same size and mtime; another inode
+    assert paths[0].stat().st_size == index.size and paths[0].stat().st_mtime_ns == index.mtime_ns
+    with pytest.raises(ShardError, match="changed since it was indexed"):
+        list(ds)
+
+
+@pytest.mark.slow
+def test_set_epoch_reaches_persistent_workers(tmp_path):
+    paths = write_tar_shards(make(24), tmp_path, samples_per_shard=4)
+    ds = TarShardDataset(paths, shuffle_buffer=8, seed=3)
+    loader = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True)
+    orders = []
+    for epoch in range(3):
+        ds.set_epoch(epoch)
+        orders.append([s["__key__"] for s in loader])
+    assert all(sorted(o) == sorted(s["__key__"] for s in make(24)) for o in orders)  # each sample once
+    assert orders[0] != orders[1] != orders[2]  # a new order every epoch, not epoch 0's again
+    fresh = []
+    for epoch in range(3):  # the same orders as fresh workers started for each epoch
+        ds.set_epoch(epoch)
+        fresh.append([s["__key__"] for s in DataLoader(ds, batch_size=None, num_workers=2)])
+    assert fresh == orders
+
+
+def test_webdataset_compatible_names(tmp_path):
+    def tar_of(path, members):
+        with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+            for name, data in members:
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        return path
+
+    top = [
+        ("a.JPG", b"1"),
+        ("._a.JPG", b"resource fork"),
+        ("a.cls", b"0"),
+        (".DS_Store", b"x"),
+        ("__index__", b"meta"),
+        ("b.png", b"2"),
+    ]
+    path = tar_of(tmp_path / "mac.tar", top)
+    got = list(TarShardDataset([path]))
+    assert got == [{"__key__": "a", "jpg": b"1", "cls": b"0"}, {"__key__": "b", "png": b"2"}]
+    wds = pytest.importorskip("webdataset")
+    theirs = list(wds.WebDataset(str(path), shardshuffle=False, empty_check=False))
+    assert [{k: v for k, v in s.items() if k == "__key__" or not k.startswith("__")} for s in theirs] == got
+    # A macOS tar of a folder also holds dir/._name files; webdataset turns them into a sample keyed
+    # "dir/" with the field "_b.png". Here they are skipped like the top-level ones.
+    nested = tar_of(tmp_path / "nested.tar", [("dir/._b.png", b"fork"), ("dir/b.png", b"2")])
+    assert list(TarShardDataset([nested])) == [{"__key__": "dir/b", "png": b"2"}]
+
+
+def test_compressed_and_repeated_shards_get_clear_errors(tmp_path):
+    import gzip
+
+    paths = write_tar_shards(make(4), tmp_path, samples_per_shard=4)
+    gz = tmp_path / "shard.tar.gz"
+    gz.write_bytes(gzip.compress(paths[0].read_bytes()))
+    with pytest.raises(ShardError, match="gzip-compressed shard"):
+        TarShardDataset([gz])
+    with pytest.raises(ValueError, match="listed twice"):
+        TarShardDataset([paths[0], tmp_path / "." / paths[0].name])

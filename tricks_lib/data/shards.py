@@ -116,18 +116,29 @@ class _BytesReader:
         return chunk
 
 
+# Members webdataset skips, so both readers see the same samples: hidden files (macOS's "._*"
+# resource forks and ".DS_Store", added by tar on a Mac) and "__name__" metadata entries.
+_SKIPPED_MEMBER = re.compile(r"(^|/)\.[^/]*$|__[^/]*__($|/)")
+# Leading bytes of compressed files: a .tar.gz is not a tar, and "corrupt header" would mislead.
+_COMPRESSION_MAGIC = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ": "xz", b"\x28\xb5\x2f\xfd": "zstd"}
+
+
 def _split_name(name: str, shard: Path, offset: int) -> tuple[str, str]:
+    """``(key, ext)`` of a member: the key up to the first '.' of the base name, the extension
+    lower-cased (webdataset's rule, so ``a.JPG`` and ``a.jpg`` are the same field in both readers)."""
     head, _, base = name.rpartition("/")
     stem, dot, ext = base.partition(".")
     if not dot or not stem or not ext:
         raise ShardError(shard, offset, f"member {name!r} is not named <key>.<ext>")
-    return (f"{head}/{stem}" if head else stem), ext
+    return (f"{head}/{stem}" if head else stem), ext.lower()
 
 
 @dataclass(frozen=True, repr=False)
 class ShardIndex:
     """Where each sample of one shard starts. ``offsets[i]`` is sample ``i``'s first byte;
-    ``end`` is the offset of the end-of-archive marker; ``size``/``mtime_ns`` identify the file."""
+    ``end`` is the offset of the end-of-archive marker; ``identity`` identifies the file: size,
+    mtime, and device, inode and ctime, so a file rewritten in place with its mtime restored
+    (``cp -p``, ``rsync -a``) or replaced by a rename is noticed."""
 
     path: Path
     keys: tuple[str, ...]
@@ -135,6 +146,7 @@ class ShardIndex:
     end: int
     size: int
     mtime_ns: int
+    identity: tuple[int, ...] = ()
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -153,8 +165,19 @@ def index_tar_shard(path: str | os.PathLike) -> ShardIndex:
     path = Path(path)
     with open(path, "rb") as f:
         stat = os.fstat(f.fileno())
+        magic = f.read(6)
+        for prefix, kind in _COMPRESSION_MAGIC.items():
+            if magic.startswith(prefix):
+                raise ShardError(
+                    path,
+                    0,
+                    f"{kind}-compressed shard: TarShardDataset reads uncompressed tar shards only "
+                    "(random access by offset); decompress it, or read it with webdataset",
+                )
         keys, offsets, seen, current, exts = [], [], set(), None, set()
         for start, name, _ in iter_members(f, path, 0, None, stat.st_size, with_data=False):
+            if _SKIPPED_MEMBER.search(name):
+                continue
             key, ext = _split_name(name, path, start)
             if key != current:
                 if key in seen:
@@ -167,7 +190,11 @@ def index_tar_shard(path: str | os.PathLike) -> ShardIndex:
                 raise ShardError(path, start, f"member {name!r} appears twice")
             exts.add(ext)
         end = f.tell() - BLOCK
-    return ShardIndex(path, tuple(keys), tuple(offsets), end, stat.st_size, stat.st_mtime_ns)
+    return ShardIndex(path, tuple(keys), tuple(offsets), end, stat.st_size, stat.st_mtime_ns, _identity(stat))
+
+
+def _identity(stat: os.stat_result) -> tuple[int, ...]:
+    return (stat.st_size, stat.st_mtime_ns, stat.st_dev, stat.st_ino, stat.st_ctime_ns)
 
 
 def read_tar_samples(index: ShardIndex, start: int = 0, stop: int | None = None) -> Iterator[dict]:
@@ -183,11 +210,13 @@ def read_tar_samples(index: ShardIndex, start: int = 0, stop: int | None = None)
         return
     with open(index.path, "rb") as f:
         stat = os.fstat(f.fileno())
-        if (stat.st_size, stat.st_mtime_ns) != (index.size, index.mtime_ns):
+        if _identity(stat) != index.identity:
             raise ShardError(index.path, 0, "shard changed since it was indexed; index it again")
         end = index.offsets[stop] if stop < len(index) else index.end
         i, sample = start, None
         for offset, name, data in iter_members(f, index.path, index.offsets[start], end, stat.st_size, with_data=True):
+            if _SKIPPED_MEMBER.search(name):
+                continue
             key, ext = _split_name(name, index.path, offset)
             if sample is None or key != sample["__key__"]:
                 if sample is not None:
@@ -233,8 +262,9 @@ class TarShardDataset(IterableDataset):
         ValueError/TypeError: on bad arguments. ShardError: on a corrupt shard (at construction,
             when every header is checked, or while reading).
     Note:
-        ``set_epoch`` changes the order of loaders created afterwards; DataLoader workers that
-        persist (``persistent_workers=True``) keep the epoch they started with.
+        ``set_epoch`` reaches DataLoader workers that persist (``persistent_workers=True``): the
+        epoch lives in shared memory and each worker reads it when the next epoch's iteration starts.
+        Call it before iterating the loader for that epoch, as with ``DistributedSampler``.
     """
 
     def __init__(
@@ -263,11 +293,23 @@ class TarShardDataset(IterableDataset):
                 raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
         if transform is not None and not callable(transform):
             raise TypeError("transform must be callable or None")
+        resolved = [p.resolve() for p in shards]
+        if len(set(resolved)) != len(resolved):
+            twice = next(p for p in resolved if resolved.count(p) > 1)
+            raise ValueError(f"shard {twice} is listed twice: every sample would be read twice per epoch")
         if world_size is None:
             rank, world_size = _distributed_rank_and_world()
         self.indexes = tuple(index_tar_shard(p) for p in shards)
         self.shuffle_buffer, self.seed, self.transform = shuffle_buffer, seed, transform
-        self.rank, self.world_size, self.epoch = rank, world_size, 0
+        self.rank, self.world_size = rank, world_size
+        # In shared memory, so that set_epoch reaches DataLoader workers that persist across epochs
+        # (persistent_workers=True): each worker reads it when its __iter__ starts the next epoch.
+        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
+
+    @property
+    def epoch(self) -> int:
+        """The epoch whose order the next iteration uses (set with ``set_epoch``)."""
+        return int(self._epoch)
 
     @property
     def num_samples(self) -> int:
@@ -277,13 +319,17 @@ class TarShardDataset(IterableDataset):
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch`` to seed the shuffle of the next iteration (same value on every rank)."""
         check_non_negative_int(epoch, "epoch")
-        self.epoch = epoch
+        self._epoch.fill_(epoch)
 
-    def plan(self, rank: int, world_size: int, worker: int = 0, num_workers: int = 1) -> list[tuple[int, int, int]]:
-        """The pieces ``(shard number, first sample, end sample)`` one consumer reads this epoch."""
+    def plan(
+        self, rank: int, world_size: int, worker: int = 0, num_workers: int = 1, *, epoch: int | None = None
+    ) -> list[tuple[int, int, int]]:
+        """The pieces ``(shard number, first sample, end sample)`` one consumer reads in ``epoch``
+        (default: the current one)."""
+        epoch = self.epoch if epoch is None else epoch
         order = list(range(len(self.indexes)))
         if self.shuffle_buffer:
-            random.Random(f"shards:{self.seed}:{self.epoch}").shuffle(order)
+            random.Random(f"shards:{self.seed}:{epoch}").shuffle(order)
         lo, hi = _even_range(self.num_samples, rank, world_size)
         wlo, whi = _even_range(hi - lo, worker, num_workers)
         lo, hi = lo + wlo, lo + whi
@@ -300,13 +346,14 @@ class TarShardDataset(IterableDataset):
         rank, world_size = self.rank, self.world_size  # resolved at construction, not in the worker
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        epoch = self.epoch  # once: a set_epoch during this iteration applies to the next one
         samples = (
             sample
-            for shard, start, stop in self.plan(rank, world_size, worker, num_workers)
+            for shard, start, stop in self.plan(rank, world_size, worker, num_workers, epoch=epoch)
             for sample in read_tar_samples(self.indexes[shard], start, stop)
         )
         if self.shuffle_buffer:
-            rng = random.Random(f"buffer:{self.seed}:{self.epoch}:{rank}:{worker}")
+            rng = random.Random(f"buffer:{self.seed}:{epoch}:{rank}:{worker}")
             samples = _buffer_shuffle(samples, self.shuffle_buffer, rng)
         for sample in samples:
             yield sample if self.transform is None else self.transform(sample)

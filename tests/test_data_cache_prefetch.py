@@ -23,6 +23,27 @@ def _fs_type(path: Path) -> str:
     return kind
 
 
+def buffer_reusing_loader(n, pinned=False):
+    """A loader that refills one buffer for every batch (as fast pipelines do): batch i is all i."""
+    buffer = torch.empty(1024)
+    if pinned:
+        buffer = buffer.pin_memory()
+    for i in range(n):
+        buffer.fill_(i)
+        yield buffer
+
+
+def test_cpu_prefetcher_copies_what_a_buffer_reusing_loader_yields():
+    got = [b.clone() for b in DevicePrefetcher(buffer_reusing_loader(6), "cpu", depth=3)]
+    assert [int(b[0]) for b in got] == list(range(6)) and all(bool((b == b[0]).all()) for b in got)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_prefetcher_waits_for_its_copy_before_the_loader_refills_the_buffer():
+    got = [b.cpu() for b in DevicePrefetcher(buffer_reusing_loader(6, pinned=True), "cuda")]
+    assert [int(b[0]) for b in got] == list(range(6)) and all(bool((b == b[0]).all()) for b in got)
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mincore/posix_fadvise are Linux")
 def test_eviction_is_verified_cold_then_warm_again(tmp_path):
     if _fs_type(tmp_path) in ("tmpfs", "overlay", "unknown"):

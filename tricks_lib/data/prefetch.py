@@ -21,22 +21,29 @@ __all__ = ["DevicePrefetcher", "move_to_device"]
 
 
 def move_to_device(
-    batch: object, device: torch.device | str, *, non_blocking: bool = False, pin_memory: bool = False
+    batch: object,
+    device: torch.device | str,
+    *,
+    non_blocking: bool = False,
+    pin_memory: bool = False,
+    copy: bool = False,
 ) -> object:
     """Move every tensor in a nested dict/list/tuple to ``device``; other values are kept.
 
-    ``pin_memory=True`` pins CPU tensors first (needed for a truly asynchronous copy).
+    ``pin_memory=True`` pins CPU tensors first (needed for a truly asynchronous copy). ``copy=True``
+    copies tensors already on ``device`` too, so the result never aliases the loader's buffers.
     """
     if isinstance(batch, torch.Tensor):
         if pin_memory and batch.device.type == "cpu" and not batch.is_pinned():
             batch = batch.pin_memory()
-        return batch.to(device, non_blocking=non_blocking)
+        return batch.to(device, non_blocking=non_blocking, copy=copy)
     if isinstance(batch, dict):
         return {
-            k: move_to_device(v, device, non_blocking=non_blocking, pin_memory=pin_memory) for k, v in batch.items()
+            k: move_to_device(v, device, non_blocking=non_blocking, pin_memory=pin_memory, copy=copy)
+            for k, v in batch.items()
         }
     if isinstance(batch, (list, tuple)):
-        moved = [move_to_device(v, device, non_blocking=non_blocking, pin_memory=pin_memory) for v in batch]
+        moved = [move_to_device(v, device, non_blocking=non_blocking, pin_memory=pin_memory, copy=copy) for v in batch]
         return type(batch)(moved) if not hasattr(batch, "_fields") else type(batch)(*moved)
     return batch
 
@@ -87,13 +94,22 @@ class DevicePrefetcher:
     def _cuda_iter(self) -> Iterator[object]:
         copy_stream = torch.cuda.Stream(self.device)
         it = iter(self.loader)
+        copied = None  # the event after the last copy
 
         def start_copy():
+            nonlocal copied
+            # A loader may refill the (pinned) buffer it yielded last as soon as it is asked for the
+            # next batch; the asynchronous copy out of that buffer must be finished by then.
+            if copied is not None:
+                copied.synchronize()
             batch = next(it, _END)
             if batch is _END:
                 return _END
             with torch.cuda.stream(copy_stream):
-                return move_to_device(batch, self.device, non_blocking=True, pin_memory=True)
+                moved = move_to_device(batch, self.device, non_blocking=True, pin_memory=True)
+                copied = torch.cuda.Event()
+                copied.record(copy_stream)
+            return moved
 
         upcoming = start_copy()
         while upcoming is not _END:
@@ -120,7 +136,9 @@ class DevicePrefetcher:
         def work():
             try:
                 for batch in self.loader:
-                    if not put(("batch", move_to_device(batch, self.device))):
+                    # Copied: batches wait in the queue while the loader makes the next ones, and a
+                    # loader that refills one buffer would otherwise hand over the same tensor again.
+                    if not put(("batch", move_to_device(batch, self.device, copy=True))):
                         return
                 put(("end", None))
             except BaseException as e:  # re-raised in the consumer

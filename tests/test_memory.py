@@ -202,3 +202,16 @@ def test_cuda_peaks_reported():
     report = measure_memory(lambda: model(x), device="cuda")
     assert report.saved_bytes == 3 * 64 * 1024 * 4
     assert report.peak_allocated_bytes >= report.allocated_before_bytes + report.saved_bytes
+
+
+def test_a_saved_sparse_tensor_counts_its_index_and_value_bytes_not_its_dense_size():
+    # 2 nonzeros of a 10,000 x 10,000 matrix: 2x2 int64 indices + 2 float32 values = 40 bytes
+    # (its dense size, numel() * 4, would be 400 MB).
+    with torch.sparse.check_sparse_tensor_invariants(True):
+        sparse = torch.sparse_coo_tensor(torch.tensor([[0, 9999], [5, 7]]), torch.tensor([1.0, 2.0]), (10_000, 10_000))
+    weight = torch.randn(10_000, 4, requires_grad=True)
+    report = measure_memory(lambda: torch.sparse.mm(sparse, weight), device="cpu")
+    assert report.saved_bytes == 2 * 2 * 8 + 2 * 4 and report.saved_tensors == 1
+    csr = sparse.to_sparse_csr()
+    report = measure_memory(lambda: torch.sparse.mm(csr, weight), device="cpu")
+    assert report.saved_bytes == (10_001 + 2) * 8 + 2 * 4  # crow_indices, col_indices, values

@@ -123,8 +123,15 @@ def _is_parameter_or_copy(t: torch.Tensor) -> bool:
 
 def _storage_key_and_bytes(t: torch.Tensor) -> tuple[tuple, int]:
     """A key identifying the tensor's memory, and that memory's size in bytes."""
+    if t.layout == torch.sparse_coo:
+        # No single storage: the memory is the index and value tensors (numel() is the dense size).
+        return ("tensor", id(t)), t._indices().nbytes + t._values().nbytes
+    if t.layout in (torch.sparse_csr, torch.sparse_bsr):
+        return ("tensor", id(t)), t.crow_indices().nbytes + t.col_indices().nbytes + t.values().nbytes
+    if t.layout in (torch.sparse_csc, torch.sparse_bsc):
+        return ("tensor", id(t)), t.ccol_indices().nbytes + t.row_indices().nbytes + t.values().nbytes
     if t.layout != torch.strided or t.is_nested:
-        # Sparse or nested tensors have no single storage; count their own bytes.
+        # Nested tensors have no single storage either; numel() counts their components' elements.
         return ("tensor", id(t)), t.element_size() * t.numel()
     storage = t.untyped_storage()
     return (t.device.type, t.device.index, storage.data_ptr()), storage.nbytes()

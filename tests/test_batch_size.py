@@ -129,3 +129,17 @@ def test_cuda_budget_on_peak_allocated():
     result = largest_batch(make_step, budget_bytes=budget, device=device, high=200)
     assert result.used_bytes <= budget
     assert 40 <= result.batch_size <= 50  # allocator rounding and the sum's output cost a little
+
+
+def test_a_step_that_saves_nothing_is_an_error_not_a_huge_batch():
+    model = nn.Linear(16, 16)
+
+    def make_step(batch):
+        def step():
+            with torch.no_grad():  # evaluation: nothing is saved, whatever the batch
+                model(torch.randn(batch, 16))
+
+        return step
+
+    with pytest.raises(ValueError, match="saved nothing for backward"):
+        largest_batch(make_step, budget_bytes=2**20, device="cpu", high=2**12)

@@ -209,7 +209,8 @@ def largest_batch(
     Raises:
         TypeError: ``make_step`` is not callable or does not return a callable; a size is not an int.
         ValueError: no budget on a device without CUDA; a non-positive budget; ``high < low``;
-            batch ``low`` itself does not fit (lower ``low`` or raise the budget).
+            batch ``low`` itself does not fit (lower ``low`` or raise the budget); on a CPU, a step
+            that saves nothing for backward at any size (the budget could never bound it).
     """
     if not callable(make_step):
         raise TypeError(f"make_step must be a callable taking a batch size, got {type(make_step).__name__}")
@@ -250,6 +251,12 @@ def largest_batch(
         else:
             bad = candidate
             break
+    if not cuda and all(p.used_bytes == 0 for p in probes):
+        raise ValueError(
+            f"the step saved nothing for backward at any batch size up to {good} (it ran under no_grad or "
+            "inference_mode, or used no autograd op), so a budget on saved bytes cannot bound it: make_step "
+            "must return a step that runs forward with gradients, as training does"
+        )
     # Bisection: the answer lies in [good, bad).
     if bad is not None:
         while bad - good > 1:

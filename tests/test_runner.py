@@ -146,3 +146,30 @@ def test_cli_argument_errors(tmp_path, capsys):
     assert main(["run", "--timeout", "0", "--notebooks", str(tmp_path)]) == 2
     assert main(["run", "--notebooks", str(tmp_path)]) == 2
     assert "no notebooks" in capsys.readouterr().err
+
+
+def test_out_pointing_at_a_file_is_a_clear_error(notebooks, tmp_path, capsys):
+    target = tmp_path / "results.txt"
+    target.write_text("not a folder")
+    assert main(["run", "--quick", "--notebooks", str(notebooks), "--out", str(target), "--no-progress"]) == 2
+    assert "is a file" in capsys.readouterr().err and target.read_text() == "not a folder"
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_run_marks_the_rest_interrupted_and_exits_130(tmp_path, capsys):
+    folder = tmp_path / "nbs"
+    folder.mkdir()
+    # The cell sends Ctrl-C to the runner (its parent), as a terminal would to the whole group.
+    write_nb(
+        folder / "60_ctrl_c.ipynb", "import os, signal, time\nos.kill(os.getppid(), signal.SIGINT)\ntime.sleep(30)"
+    )
+    write_nb(folder / "70_next.ipynb", "1 + 1")
+    out = tmp_path / "out"
+    code = main(["run", "--quick", "--notebooks", str(folder), "--out", str(out), "--no-progress"])
+    assert code == 130
+    summary = json.loads((out / "summary.json").read_text())
+    assert [(n["notebook"], n["ok"], n["error"]) for n in summary["notebooks"]] == [
+        ("60_ctrl_c", False, "interrupted (Ctrl-C)"),
+        ("70_next", False, "interrupted: not run"),
+    ]
+    assert summary["notebooks"][0]["seconds"] < 25  # stopped, not waiting out the cell

@@ -46,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.timeout <= 0:
         print("error: --timeout must be a positive number of seconds", file=sys.stderr)
         return 2
+    if args.out.exists() and not args.out.is_dir():
+        print(f"error: --out {args.out} is a file; pass a folder (it is created if missing)", file=sys.stderr)
+        return 2
     quick = args.quick or quick_mode()
     try:
         paths = find_notebooks(args.notebooks or _default_notebook_dir(), args.only)
@@ -61,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     failures = [r for r in runs if not r.ok]
     for run in failures:
         print(f"FAILED: {run.describe_failure()}", file=sys.stderr)
+    if any(r.interrupted for r in runs):
+        return 130  # the shell's code for a run stopped by Ctrl-C (128 + SIGINT)
     return 1 if failures else 0
 
 

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -59,6 +60,7 @@ class NotebookRun:
     error: str | None = None
     failed_cell_label: str | None = None  # the failed cell as a reader finds it
     problems: list[str] = field(default_factory=list)  # hygiene problems that blocked a refresh
+    interrupted: bool = False  # Ctrl-C stopped this notebook, or it never ran because of one
 
     @property
     def failure_location(self) -> str:
@@ -143,8 +145,14 @@ def _last_line(text: str) -> str:
     return lines[-1].strip() if lines else "failed"
 
 
-def _execute(nb, folder: Path, timeout: int, on_cell: Callable[[], None]) -> tuple[int | None, str | None]:
-    """Run one notebook in place; returns (failed cell index or None, error text or None)."""
+def _execute(
+    nb, folder: Path, timeout: int, on_cell: Callable[[], None], on_interrupt: Callable[[], None]
+) -> tuple[int | None, str | None]:
+    """Run one notebook in place; returns (failed cell index or None, error text or None).
+
+    While it runs, nbclient owns SIGINT/SIGTERM (its handler shuts the kernel down, which then reads
+    as a dead kernel); ``on_interrupt`` is called when that handler fired.
+    """
     from jupyter_client.manager import AsyncKernelManager
     from jupyter_core.utils import run_sync
     from nbclient import NotebookClient
@@ -179,6 +187,9 @@ def _execute(nb, folder: Path, timeout: int, on_cell: Callable[[], None]) -> tup
     except Exception as err:  # the kernel did not start, or died oddly: report it, go on with the rest
         return state.get("running"), f"{type(err).__name__}: {_last_line(str(err))}"
     finally:
+        # nbclient's signal handler leaves this future behind when Ctrl-C (or SIGTERM) stopped the run.
+        if getattr(client, "_async_cleanup_kernel_future", None) is not None:
+            on_interrupt()
         # We own the kernel manager, so nbclient leaves the kernel running: stop it here.
         if km.has_kernel:
             run_sync(km.shutdown_kernel)(now=True)
@@ -230,6 +241,16 @@ def run_notebooks(
         for k in (QUICK_ENV_VAR, RESULTS_ENV_VAR, NOTEBOOK_ENV_VAR, CUBLAS_ENV_VAR, PROGRESS_ENV_VAR)
     }
     runs = []
+    interrupted = {"now": False}
+
+    def on_sigint(signum, frame):
+        # Ctrl-C reaches the kernels too (same process group); note it here so that the run stops
+        # after this notebook instead of going on with the next one.
+        interrupted["now"] = True
+        raise KeyboardInterrupt
+
+    main_thread = _in_main_thread()
+    previous_handler = signal.signal(signal.SIGINT, on_sigint) if main_thread else None
     try:
         os.environ[QUICK_ENV_VAR] = "1" if quick else "0"
         # cuBLAS reads this once, at the first cuBLAS call of a process: it must be in the kernel's
@@ -240,7 +261,13 @@ def run_notebooks(
         # runner shows one bar per notebook instead.
         os.environ[PROGRESS_ENV_VAR] = "0"
         os.environ[RESULTS_ENV_VAR] = str(records_path.resolve())
-        for path in paths:
+        for number, path in enumerate(paths):
+            if interrupted["now"]:
+                runs += [
+                    NotebookRun(p.stem, False, 0.0, None, "interrupted: not run", interrupted=True)
+                    for p in paths[number:]
+                ]
+                break
             os.environ[NOTEBOOK_ENV_VAR] = path.stem
             start = time.perf_counter()
             try:
@@ -250,8 +277,18 @@ def run_notebooks(
                 continue
             n_code = sum(c.cell_type == "code" for c in nb.cells)
             bar = tqdm(total=n_code, desc=path.stem, unit="cell", disable=not progress, leave=True)
-            failed_cell, error = _execute(nb, path.parent, timeout, lambda bar=bar: bar.update(1))
+            try:
+                failed_cell, error = _execute(
+                    nb, path.parent, timeout, lambda bar=bar: bar.update(1), lambda: interrupted.update(now=True)
+                )
+            except KeyboardInterrupt:
+                interrupted["now"], failed_cell, error = True, None, None
+            finally:
+                if main_thread:  # nbclient restores the default handler when it is done
+                    signal.signal(signal.SIGINT, on_sigint)
             bar.close()
+            if interrupted["now"]:
+                error = "interrupted (Ctrl-C)"
             run = NotebookRun(
                 path.stem,
                 error is None,
@@ -259,6 +296,7 @@ def run_notebooks(
                 failed_cell,
                 error,
                 failed_cell_label=_cell_label(nb, failed_cell),
+                interrupted=interrupted["now"],
             )
             _write_notebook(nb, executed_dir / path.name)
             if run.ok and refresh:
@@ -270,12 +308,20 @@ def run_notebooks(
                     _write_notebook(nb, path)
             runs.append(run)
     finally:
+        if previous_handler is not None:
+            signal.signal(signal.SIGINT, previous_handler)
         for key, value in saved_env.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
     return runs
+
+
+def _in_main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
 
 
 def write_summary(out_dir: Path, runs: Sequence[NotebookRun], *, quick: bool) -> tuple[Path, Path]:

@@ -292,3 +292,33 @@ def test_compressed_and_repeated_shards_get_clear_errors(tmp_path):
         TarShardDataset([gz])
     with pytest.raises(ValueError, match="listed twice"):
         TarShardDataset([paths[0], tmp_path / "." / paths[0].name])
+
+
+@pytest.mark.parametrize("uneven", ["exact", "pad", "drop"])
+@pytest.mark.parametrize("n, world_size", [(10, 3), (7, 4), (3, 5), (12, 4), (1, 2)])
+def test_uneven_ranks_exact_pad_or_drop(tmp_path, monkeypatch, uneven, n, world_size):
+    paths = write_tar_shards(make(n), tmp_path, samples_per_shard=3)
+    ds = TarShardDataset(paths, rank=0, world_size=world_size, uneven=uneven)
+    per_rank = [
+        [key for w in range(2) for key in iterate_as(ds, r, world_size, w, 2, monkeypatch)] for r in range(world_size)
+    ]
+    counts = [len(keys) for keys in per_rank]
+    assert tuple(counts) == ds.samples_per_rank
+    everything = [k for keys in per_rank for k in keys]
+    order = [s["__key__"] for s in make(n)]  # shard order, not shuffled
+    if uneven == "exact":
+        assert sorted(everything) == sorted(order) and max(counts) - min(counts) <= 1
+    elif uneven == "pad":
+        assert len(set(counts)) == 1 and counts[0] == -(-n // world_size)
+        assert set(everything) == set(order)
+        extra = collections.Counter(everything) - collections.Counter(order)
+        assert sorted(extra.elements()) == sorted((order * world_size)[: sum(counts) - n])  # the first ones again
+    else:
+        assert len(set(counts)) == 1 and counts[0] == n // world_size
+        assert everything == order[: n - n % world_size]  # the last n mod R samples skipped
+
+
+def test_uneven_must_be_a_known_mode(tmp_path):
+    paths = write_tar_shards(make(4), tmp_path, samples_per_shard=4)
+    with pytest.raises(ValueError, match="uneven must be"):
+        TarShardDataset(paths, uneven="repeat")

@@ -258,6 +258,14 @@ class TarShardDataset(IterableDataset):
             no process group, so resolving them in ``__iter__`` would make every rank read rank 0's
             share (duplicated samples). Construct the dataset after ``init_process_group``.
         transform: optional callable applied to each sample dict (e.g. decoding), in the worker.
+        uneven: what to do when the samples do not divide evenly between ranks. "exact" (default):
+            every sample exactly once, ranks differ by at most one sample; under DDP a rank with one
+            step more than the others then waits forever in that step's all-reduce (a hang), unless
+            the loop stops every rank at the same step (e.g. ``min`` of ``samples_per_rank``) or uses
+            ``DDP.join()``. "pad": every rank gets ``ceil(N / R)`` samples, the last ranks repeating
+            the first samples of the epoch's order (``DistributedSampler``'s default). "drop": every
+            rank gets ``floor(N / R)``, the last ``N mod R`` samples of the epoch's order are skipped
+            (``drop_last=True``). ``samples_per_rank`` says what each rank gets.
     Raises:
         ValueError/TypeError: on bad arguments. ShardError: on a corrupt shard (at construction,
             when every header is checked, or while reading).
@@ -276,6 +284,7 @@ class TarShardDataset(IterableDataset):
         rank: int | None = None,
         world_size: int | None = None,
         transform: Callable[[dict], object] | None = None,
+        uneven: str = "exact",
     ):
         super().__init__()
         if isinstance(shards, (str, os.PathLike)):
@@ -293,6 +302,9 @@ class TarShardDataset(IterableDataset):
                 raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
         if transform is not None and not callable(transform):
             raise TypeError("transform must be callable or None")
+        if uneven not in ("exact", "pad", "drop"):
+            raise ValueError(f"uneven must be 'exact', 'pad' or 'drop', got {uneven!r}")
+        self.uneven = uneven
         resolved = [p.resolve() for p in shards]
         if len(set(resolved)) != len(resolved):
             twice = next(p for p in resolved if resolved.count(p) > 1)
@@ -330,17 +342,38 @@ class TarShardDataset(IterableDataset):
         order = list(range(len(self.indexes)))
         if self.shuffle_buffer:
             random.Random(f"shards:{self.seed}:{epoch}").shuffle(order)
-        lo, hi = _even_range(self.num_samples, rank, world_size)
+        total = self.num_samples
+        lo, hi = self._rank_range(rank, world_size)
         wlo, whi = _even_range(hi - lo, worker, num_workers)
         lo, hi = lo + wlo, lo + whi
-        pieces, base = [], 0
-        for shard in order:
-            n = len(self.indexes[shard])
-            start, stop = max(lo, base), min(hi, base + n)
-            if start < stop:
-                pieces.append((shard, start - base, stop - base))
-            base += n
+        pieces = []
+        if total == 0:
+            return pieces
+        # Positions past the end (uneven="pad") wrap around to the start of the epoch's order.
+        while lo < hi:
+            turn_lo, turn_hi = lo % total, min(hi - lo, total - lo % total) + lo % total
+            base = 0
+            for shard in order:
+                n = len(self.indexes[shard])
+                start, stop = max(turn_lo, base), min(turn_hi, base + n)
+                if start < stop:
+                    pieces.append((shard, start - base, stop - base))
+                base += n
+            lo += turn_hi - turn_lo
         return pieces
+
+    def _rank_range(self, rank: int, world_size: int) -> tuple[int, int]:
+        """Positions ``[lo, hi)`` of the epoch's order that ``rank`` reads (past N: padding)."""
+        total = self.num_samples
+        if self.uneven == "exact":
+            return _even_range(total, rank, world_size)
+        per_rank = -(-total // world_size) if self.uneven == "pad" else total // world_size
+        return rank * per_rank, (rank + 1) * per_rank
+
+    @property
+    def samples_per_rank(self) -> tuple[int, ...]:
+        """Samples each rank reads per epoch: all equal with ``uneven="pad"`` or ``"drop"``."""
+        return tuple(hi - lo for lo, hi in (self._rank_range(r, self.world_size) for r in range(self.world_size)))
 
     def __iter__(self) -> Iterator[object]:
         rank, world_size = self.rank, self.world_size  # resolved at construction, not in the worker
@@ -362,7 +395,7 @@ class TarShardDataset(IterableDataset):
         return (
             f"TarShardDataset({len(self.indexes)} shards, {self.num_samples} samples, "
             f"rank={self.rank}/{self.world_size}, shuffle_buffer={self.shuffle_buffer}, "
-            f"seed={self.seed}, epoch={self.epoch})"
+            f"seed={self.seed}, epoch={self.epoch}, uneven={self.uneven!r})"
         )
 
 

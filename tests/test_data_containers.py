@@ -191,3 +191,65 @@ def test_tfrecord_truncation_and_missing_fields_are_errors(tmp_path):
     path.write_bytes(whole)
     with pytest.raises(ShardError, match="no field 'png'"):
         list(read_tfrecord(path, ["png"]))
+
+
+LMDB_READ_ALL = """
+import sys
+from tricks_lib.data import ShardError
+from tricks_lib.data.containers import LmdbDataset
+try:
+    ds = LmdbDataset(sys.argv[1])
+    samples = [ds[i] for i in range(len(ds))]
+except ShardError as err:
+    print("ShardError:", err)
+    sys.exit(3)
+print("read", len(samples))
+"""
+
+
+@pytest.mark.slow
+def test_a_truncated_lmdb_is_an_error_never_wrong_bytes_or_sigbus(tmp_path):
+    import subprocess
+    import sys
+
+    path = write_lmdb(make(60), tmp_path / "data.lmdb")
+    whole = path.read_bytes()
+    for cut in (len(whole) - 4096, len(whole) // 2, 3 * 4096, 5000, 100):
+        broken = tmp_path / f"cut-{cut}.lmdb"
+        broken.write_bytes(whole[:cut])
+        # In a child process: a SIGBUS must fail this test, not kill the test run.
+        done = subprocess.run([sys.executable, "-c", LMDB_READ_ALL, str(broken)], capture_output=True, text=True)
+        assert done.returncode == 3, (cut, done.returncode, done.stdout, done.stderr[-500:])
+        assert "truncated" in done.stdout or "not an LMDB" in done.stdout
+
+
+def test_an_lmdb_not_written_here_gets_a_clear_message(tmp_path):
+    import lmdb
+
+    from tricks_lib.data import ShardError
+
+    path = tmp_path / "foreign.lmdb"
+    env = lmdb.open(str(path), subdir=False, lock=False, map_size=1 << 20)
+    with env.begin(write=True) as txn:
+        txn.put(b"some", b"thing")
+    env.close()
+    with pytest.raises(ShardError, match="not written by write_lmdb"):
+        LmdbDataset(path)
+    not_lmdb = tmp_path / "text.lmdb"
+    not_lmdb.write_bytes(b"hello" * 2000)
+    with pytest.raises(ShardError, match="not an LMDB data file"):
+        LmdbDataset(not_lmdb)
+
+
+def test_an_lmdb_entry_that_is_missing_raises_key_error_not_none(tmp_path):
+    import lmdb
+
+    path = write_lmdb(make(4), tmp_path / "data.lmdb")
+    env = lmdb.open(str(path), subdir=False, lock=False)
+    with env.begin(write=True) as txn:
+        txn.delete(b"k002.jpg")
+    env.close()
+    ds = LmdbDataset(path)
+    assert ds[1]["jpg"] == make(4)[1]["jpg"]
+    with pytest.raises(KeyError, match="'k002' has no 'jpg'"):
+        ds[2]

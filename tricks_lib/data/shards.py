@@ -22,6 +22,7 @@ consumers differ by at most one sample. Each consumer reads contiguous byte rang
 from __future__ import annotations
 
 import glob
+import mmap
 import os
 import random
 import re
@@ -147,6 +148,9 @@ class ShardIndex:
     size: int
     mtime_ns: int
     identity: tuple[int, ...] = ()
+    # Per sample, its fields as (ext, data offset, size): a read slices the file by these, without
+    # parsing the headers again (they were all checked here, and the identity says the file is unchanged).
+    members: tuple[tuple[tuple[str, int, int], ...], ...] = ()
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -174,8 +178,8 @@ def index_tar_shard(path: str | os.PathLike) -> ShardIndex:
                     f"{kind}-compressed shard: TarShardDataset reads uncompressed tar shards only "
                     "(random access by offset); decompress it, or read it with webdataset",
                 )
-        keys, offsets, seen, current, exts = [], [], set(), None, set()
-        for start, name, _ in iter_members(f, path, 0, None, stat.st_size, with_data=False):
+        keys, offsets, members, seen, current, exts = [], [], [], set(), None, set()
+        for start, name, _, data_offset, size in iter_members(f, path, 0, None, stat.st_size, with_data=False):
             if _SKIPPED_MEMBER.search(name):
                 continue
             key, ext = _split_name(name, path, start)
@@ -185,12 +189,23 @@ def index_tar_shard(path: str | os.PathLike) -> ShardIndex:
                 seen.add(key)
                 keys.append(key)
                 offsets.append(start)
+                members.append([])
                 current, exts = key, set()
             if ext in exts:
                 raise ShardError(path, start, f"member {name!r} appears twice")
             exts.add(ext)
+            members[-1].append((ext, data_offset, size))
         end = f.tell() - BLOCK
-    return ShardIndex(path, tuple(keys), tuple(offsets), end, stat.st_size, stat.st_mtime_ns, _identity(stat))
+    return ShardIndex(
+        path,
+        tuple(keys),
+        tuple(offsets),
+        end,
+        stat.st_size,
+        stat.st_mtime_ns,
+        _identity(stat),
+        tuple(tuple(m) for m in members),
+    )
 
 
 def _identity(stat: os.stat_result) -> tuple[int, ...]:
@@ -212,22 +227,19 @@ def read_tar_samples(index: ShardIndex, start: int = 0, stop: int | None = None)
         stat = os.fstat(f.fileno())
         if _identity(stat) != index.identity:
             raise ShardError(index.path, 0, "shard changed since it was indexed; index it again")
-        end = index.offsets[stop] if stop < len(index) else index.end
-        i, sample = start, None
-        for offset, name, data in iter_members(f, index.path, index.offsets[start], end, stat.st_size, with_data=True):
-            if _SKIPPED_MEMBER.search(name):
-                continue
-            key, ext = _split_name(name, index.path, offset)
-            if sample is None or key != sample["__key__"]:
-                if sample is not None:
-                    yield sample
-                    i += 1
-                if offset != index.offsets[i] or key != index.keys[i]:
-                    raise ShardError(index.path, offset, "shard does not match its index")
-                sample = {"__key__": key}
-            sample[ext] = data
-        if sample is not None:
-            yield sample
+        # Every header was checked when the index was built and the file is the same one (identity):
+        # slice the data by the offsets the index holds, from one read-only mapping.
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            if hasattr(mapped, "madvise"):
+                first = index.offsets[start] // mmap.PAGESIZE * mmap.PAGESIZE
+                last = index.offsets[stop] if stop < len(index) else index.end
+                mapped.madvise(mmap.MADV_SEQUENTIAL, first, max(last - first, 1))
+            keys, members = index.keys, index.members
+            for i in range(start, stop):
+                sample = {"__key__": keys[i]}
+                for ext, offset, size in members[i]:
+                    sample[ext] = mapped[offset : offset + size]
+                yield sample
 
 
 # --------------------------------------------------------------------------------------- dataset

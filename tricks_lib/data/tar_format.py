@@ -94,11 +94,12 @@ def _pax_records(data: bytes) -> dict[str, str]:
 
 def iter_members(
     f, shard: Path, offset: int, stop: int | None, file_size: int, with_data: bool
-) -> Iterator[tuple[int, str, bytes | None]]:
-    """Yield ``(start_offset, name, data)`` of the regular files from ``offset``.
+) -> Iterator[tuple[int, str, bytes | None, int, int]]:
+    """Yield ``(start_offset, name, data, data_offset, size)`` of the regular files from ``offset``.
 
     ``start_offset`` is where the member's header chain (pax/GNU long-name headers included)
-    begins. Stops at ``stop`` or at the end-of-archive marker; raises ShardError on any defect.
+    begins, ``data_offset`` where its ``size`` bytes of data begin (``data`` is None unless
+    ``with_data``). Stops at ``stop`` or at the end-of-archive marker; raises ShardError on any defect.
     """
     f.seek(offset)
     chain_start, long_name, pax = None, None, {}
@@ -158,4 +159,4 @@ def iter_members(
             continue  # directory entries carry no sample data
         if kind not in (b"0", b"\0", b"7"):
             raise ShardError(shard, start, f"unsupported member type {kind!r} for {name!r}")
-        yield start, name, data
+        yield start, name, data, data_start, size

@@ -20,7 +20,6 @@ from tricks_lib.formatting import format_bytes, format_seconds
 
 if TYPE_CHECKING:
     from tricks_lib.env import EnvInfo
-    from tricks_lib.results import Record
 
 __all__ = ["SUMMARY_ROW_KEYS", "NotebookStatus", "Summarizable", "SummaryRow", "summary_rows", "write_summary_files"]
 
@@ -42,6 +41,15 @@ class SummaryRow:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+class RecordLike(Protocol):
+    """What the summary reads of a ``tricks_lib.results.Record`` (kept apart: results imports this module)."""
+
+    notebook: str
+    trick: str
+    kind: str
+    summary: tuple[dict, ...]
 
 
 class Summarizable(Protocol):
@@ -75,7 +83,7 @@ def _time(seconds: float | None) -> str:
     return "-" if seconds is None else format_seconds(seconds)
 
 
-def summary_rows(records: Sequence[Record], *, verdicts: bool = False) -> list[dict]:
+def summary_rows(records: Sequence[RecordLike], *, verdicts: bool = False) -> list[dict]:
     """Rows of summary.json: each record's own summary rows, stamped with its names.
 
     ``verdicts=False``: the measurements; ``True``: the rows of the notebooks' verdict tables.
@@ -127,7 +135,7 @@ def _markdown(env: EnvInfo, statuses: Sequence[NotebookStatus], rows: list[dict]
 
 
 def write_summary_files(
-    out_dir: Path, env: EnvInfo, statuses: Sequence[NotebookStatus], records: Sequence[Record]
+    out_dir: Path, env: EnvInfo, statuses: Sequence[NotebookStatus], records: Sequence[RecordLike]
 ) -> tuple[Path, Path]:
     """Write ``summary.json`` and ``summary.md`` into ``out_dir`` (each atomically); returns (md, json)."""
     from tricks_lib._atomic import write_bytes_atomic

@@ -2,7 +2,8 @@
 
 An interrupted write (exception, Ctrl-C, killed process, full disk) leaves no file under the final
 name: the temporary file is removed on exceptions, and a killed process leaves only a hidden
-``.<name>.tmp-<pid>`` file that no reader opens and that the next write of the same name removes.
+``.<name>.tmp-<pid>`` file that no reader opens and that the next process writing into that folder
+removes.
 ``os.replace`` is atomic on POSIX when source and target are on the same file system, which is why
 the temporary file lives in the target's own directory. The file is fsynced before the rename (so a
 crash cannot leave the new name pointing at unwritten blocks) and the directory after it (so the
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,19 +37,26 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _remove_stale_temporaries(final: Path) -> None:
-    """Remove ``.<name>.tmp-<pid>`` files that a killed earlier write of ``final`` left behind."""
-    prefix = f".{final.name}.tmp-"
-    for candidate in final.parent.glob(f"{prefix}*"):
-        pid = candidate.name[len(prefix) :]
-        if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+# Folders this process has already cleaned: once per folder, not once per file, since a writer of a
+# folder of images writes thousands of files into it and each scan lists the whole folder.
+_cleaned_folders: set[tuple[int, Path]] = set()
+_TEMPORARY = re.compile(r"\..+\.tmp-(\d+)")
+
+
+def _remove_stale_temporaries(folder: Path) -> None:
+    """Remove the ``.<name>.tmp-<pid>`` files that killed earlier writes (dead processes) left in ``folder``."""
+    key = (os.getpid(), folder.resolve())
+    if key in _cleaned_folders:
+        return
+    for candidate in folder.iterdir():
+        match = _TEMPORARY.fullmatch(candidate.name)
+        if match and int(match[1]) != os.getpid() and not _pid_alive(int(match[1])):
             with contextlib.suppress(FileNotFoundError):
                 if candidate.is_dir():
-                    import shutil
-
                     shutil.rmtree(candidate)
                 else:
                     candidate.unlink()
+    _cleaned_folders.add(key)
 
 
 def fsync_path(path: Path) -> None:
@@ -70,7 +80,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     final = Path(path)
     if not final.parent.is_dir():
         raise FileNotFoundError(f"directory {final.parent} does not exist; create it first")
-    _remove_stale_temporaries(final)
+    _remove_stale_temporaries(final.parent)
     tmp = temporary_path_for(final)
     try:
         yield tmp

@@ -22,6 +22,7 @@ import gc
 import html
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -54,6 +55,8 @@ class BatchProbe:
 @dataclass(frozen=True)
 class BatchSearch:
     """The result of ``largest_batch``: the batch found and every probe tried, in order."""
+
+    record_kind: ClassVar[str] = "batch search"  # the kind ``record()`` files it under
 
     batch_size: int  # the largest batch in [low, high] that fits
     budget_bytes: int | None  # None on CUDA without a budget: the device's capacity decides

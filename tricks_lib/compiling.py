@@ -25,6 +25,7 @@ import textwrap
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
@@ -90,6 +91,8 @@ class CompileCost:
     ``compiled`` runs the same call in this process (compiled against the warm cache, already called
     once) for the steady-state comparison; ``namespace`` holds what the setup built here.
     """
+
+    record_kind: ClassVar[str] = "compile"  # the kind ``record()`` files it under
 
     cold_seconds: float  # first call, fresh process, empty caches: a reader's first run
     warm_seconds: float  # first call, fresh process, on-disk cache kept: a rerun of the notebook

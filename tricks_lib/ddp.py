@@ -30,6 +30,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -70,6 +71,8 @@ class DDPResult:
         buckets: DDP gradient buckets of the model (all-reduces per synchronizing backward).
         backward_passes: backward passes (micro-batches) rank 0 ran in the timed steps.
     """
+
+    record_kind: ClassVar[str] = "ddp"  # the kind ``record()`` files it under
 
     world_size: int
     backend: str

@@ -11,7 +11,7 @@ import dataclasses
 import html
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
@@ -39,6 +39,8 @@ class Measurement:
     ``times`` holds one entry per timed block (seconds per call, the block's time divided by
     ``number_per_block``); ``median`` and ``iqr`` summarize them.
     """
+
+    record_kind: ClassVar[str] = "measurement"  # the kind ``record()`` files it under
 
     label: str
     times: tuple[float, ...]
@@ -205,6 +207,8 @@ class ComparisonRow:
 @dataclass(frozen=True)
 class Comparison:
     """Variants timed interleaved round by round against a named baseline."""
+
+    record_kind: ClassVar[str] = "comparison"  # the kind ``record()`` files it under
 
     label: str
     baseline: str

@@ -12,6 +12,7 @@ import html
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -34,6 +35,8 @@ class MemoryReport:
     forward/backward passes, as in gradient accumulation). A saved view counts its whole storage.
     The CUDA fields are None on other devices.
     """
+
+    record_kind: ClassVar[str] = "memory"  # the kind ``record()`` files it under
 
     label: str
     device: str

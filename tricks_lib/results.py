@@ -49,22 +49,9 @@ class Record:
         return f"Record({self.trick!r}, {self.kind}, {len(self.rows)} rows, {self.device})"
 
 
-# The kind of each result type, by class name (the classes live in modules that import this one's
-# dependencies; naming them here keeps results.py free of import cycles).
-_KINDS = {
-    "Comparison": "comparison",
-    "Measurement": "measurement",
-    "MemoryReport": "memory",
-    "CompileCost": "compile",
-    "BatchSearch": "batch search",
-    "DDPResult": "ddp",
-    "VerdictRow": "verdict",
-}
-
-
 def _rows_of(result: Summarizable) -> tuple[str, tuple[dict, ...], str, tuple[dict, ...]]:
-    kind = _KINDS.get(type(result).__name__)
-    if kind is None or not callable(getattr(result, "summary_rows", None)):
+    kind = getattr(type(result), "record_kind", None)  # each result type names its own kind
+    if not isinstance(kind, str) or not callable(getattr(result, "summary_rows", None)):
         raise TypeError(
             f"record() takes a Comparison, Measurement, MemoryReport, CompileCost, BatchSearch, DDPResult or VerdictRow, got "
             f"{type(result).__name__}; time with tricks_lib.bench or measure with tricks_lib.memory first"

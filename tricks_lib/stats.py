@@ -93,8 +93,10 @@ def replicates_agree(speedups: Sequence[float], min_effect: float) -> bool:
     A replicate is a stretch of rounds run on freshly built variants (new models, tensors, loaders).
     The paired interval only sees the noise between rounds of one run; state that a run builds once
     (where its tensors landed in memory, which worker started first) moves a whole run's result, and
-    a rerun gets a different draw. A difference that each fresh replicate shows on its own is one a
-    rerun reproduces; with fewer than two replicates there is nothing to agree, so this is True.
+    a rerun gets a different draw. Requiring each fresh replicate to show the difference on its own
+    rules out what a rebuild inside the process redraws; state drawn once per process (worker
+    start-up, CPU placement) needs fresh processes, which this does not give. With fewer than two
+    replicates there is nothing to agree, so this is True.
     """
     if len(speedups) < 2:
         return True

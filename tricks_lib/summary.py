@@ -14,7 +14,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from tricks_lib.formatting import format_bytes, format_seconds
 
@@ -53,7 +53,9 @@ class RecordLike(Protocol):
 
 
 class Summarizable(Protocol):
-    """What ``record()`` accepts: a result that renders its own summary rows and its details."""
+    """What ``record()`` accepts: a result that names its kind and renders its own summary rows and details."""
+
+    record_kind: ClassVar[str]
 
     def summary_rows(self) -> tuple[SummaryRow, ...]: ...
 

@@ -513,8 +513,9 @@ def compare(
             only sees noise between rounds; where a result depends on state built once per run (where
             tensors landed in memory, worker start-up, page cache), a rerun gets another draw of it.
             With replicates, a variant is significant only when every replicate also shows at least
-            ``min_effect`` in the same direction (``row.replicate_speedups``), so the verdict is one a
-            rerun reproduces.
+            ``min_effect`` in the same direction (``row.replicate_speedups``). This rules out state a
+            rebuild redraws, not state a process draws once (worker start-up, CPU placement): on 2
+            shared cores, worker-count verdicts still changed between full runs.
 
     Raises:
         TypeError / ValueError: empty or non-dict ``variants``, a non-callable variant, an unknown

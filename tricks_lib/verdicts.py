@@ -16,15 +16,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from tricks_lib.formatting import format_bytes, html_table, markdown_table
+from tricks_lib.measurements import Comparison, ComparisonRow
+from tricks_lib.memory import MemoryReport
+from tricks_lib.results import record
 from tricks_lib.summary import SummaryRow
 
 if TYPE_CHECKING:
     from tricks_lib.compiling import CompileCost
-    from tricks_lib.measurements import Comparison, ComparisonRow
-    from tricks_lib.memory import MemoryReport
 
 __all__ = ["VerdictRow", "VerdictTable", "break_even", "fastest", "memory_change", "paired_ratio", "verdict_of"]
 
@@ -98,6 +99,8 @@ def break_even(cost: CompileCost, comparison: Comparison, compiled: str, eager: 
 class VerdictRow:
     """One row of a verdict table: what this run measured for a trick, and when it does not help."""
 
+    record_kind: ClassVar[str] = "verdict"  # the kind ``record()`` files it under
+
     trick: str
     measured: str
     caveat: str
@@ -169,9 +172,6 @@ class VerdictTable:
             ValueError: ``before`` does not fill the table's extra columns.
             KeyError: ``variant`` or ``against`` is not a variant of the comparison.
         """
-        from tricks_lib.measurements import Comparison, ComparisonRow
-        from tricks_lib.memory import MemoryReport
-
         for name, value in (("trick", trick), ("caveat", caveat), ("note", note)):
             if not isinstance(value, str):
                 raise TypeError(f"{name} must be a string, got {type(value).__name__}")
@@ -203,8 +203,6 @@ class VerdictTable:
         row = VerdictRow(trick, measured + note, caveat, device, speedup, before)
         self.rows.append(row)
         if self.record_rows:
-            from tricks_lib.results import record
-
             record(trick, row)
         return row
 

@@ -179,7 +179,7 @@ def index_tar_shard(path: str | os.PathLike) -> ShardIndex:
                     "(random access by offset); decompress it, or read it with webdataset",
                 )
         keys, offsets, members, seen, current, exts = [], [], [], set(), None, set()
-        for start, name, _, data_offset, size in iter_members(f, path, 0, None, stat.st_size, with_data=False):
+        for start, name, data_offset, size in iter_members(f, path, stat.st_size):
             if _SKIPPED_MEMBER.search(name):
                 continue
             key, ext = _split_name(name, path, start)

@@ -1,7 +1,6 @@
 """The tar format, read strictly: every header checksum, every member size, the end-of-archive marker.
 
-``iter_members`` walks a tar file's regular members from a byte offset (ustar, GNU long names,
-pax headers) and raises :class:`ShardError`, with the byte offset, on any defect. ``tarfile``
+``iter_members`` walks a tar file's regular members (ustar, GNU long names, pax headers) and raises :class:`ShardError`, with the byte offset, on any defect. ``tarfile``
 treats a corrupt or truncated header after the first member as the end of the archive and silently
 drops the rest; a reader of training data must not.
 """
@@ -92,33 +91,29 @@ def _pax_records(data: bytes) -> dict[str, str]:
     return records
 
 
-def iter_members(
-    f, shard: Path, offset: int, stop: int | None, file_size: int, with_data: bool
-) -> Iterator[tuple[int, str, bytes | None, int, int]]:
-    """Yield ``(start_offset, name, data, data_offset, size)`` of the regular files from ``offset``.
+def iter_members(f, shard: Path, file_size: int) -> Iterator[tuple[int, str, int, int]]:
+    """Yield ``(start_offset, name, data_offset, size)`` of every regular file of the archive ``f``.
 
     ``start_offset`` is where the member's header chain (pax/GNU long-name headers included)
-    begins, ``data_offset`` where its ``size`` bytes of data begin (``data`` is None unless
-    ``with_data``). Stops at ``stop`` or at the end-of-archive marker; raises ShardError on any defect.
+    begins, ``data_offset`` where its ``size`` bytes of data begin; the data is not read. Stops at the
+    end-of-archive marker, after checking that only zeros follow it; raises ShardError on any defect.
     """
+    offset = 0
     f.seek(offset)
     chain_start, long_name, pax = None, None, {}
     while True:
-        if offset == stop and chain_start is None:
-            return
         block = f.read(BLOCK)
         if not block:
             raise ShardError(shard, offset, "truncated: the end-of-archive marker is missing")
         if len(block) < BLOCK:
             raise ShardError(shard, offset, f"truncated header ({len(block)} of {BLOCK} bytes)")
         if block == ZERO_BLOCK:
-            if chain_start is not None or (stop is not None and offset != stop):
+            if chain_start is not None:
                 raise ShardError(shard, offset, "unexpected end-of-archive marker")
-            if stop is None:  # reading to the end: the archive must really end here
-                if offset == 0:
-                    raise ShardError(shard, 0, "no members: the file starts with an end-of-archive (zero) block")
-                _check_zero_tail(f, shard, offset + BLOCK, file_size)
-                f.seek(offset + BLOCK)
+            if offset == 0:
+                raise ShardError(shard, 0, "no members: the file starts with an end-of-archive (zero) block")
+            _check_zero_tail(f, shard, offset + BLOCK, file_size)
+            f.seek(offset + BLOCK)
             return
         if not _header_ok(block):
             raise ShardError(shard, offset, "corrupt header (checksum mismatch)")
@@ -134,12 +129,9 @@ def iter_members(
                 data_start,
                 f"truncated member data ({size} bytes declared, {max(0, file_size - data_start)} present)",
             )
-        if kind in (b"x", b"L", b"g", b"K") or (with_data and kind in (b"0", b"\0", b"7")):
-            data = f.read(size)
-            f.seek(offset)
-        else:
-            data = None
-            f.seek(offset)
+        # Only the metadata members' data is read (pax records, GNU long names); samples' data is not.
+        data = f.read(size) if kind in (b"x", b"L", b"g", b"K") else None
+        f.seek(offset)
         if kind == b"x":
             pax = _pax_records(data)
             continue
@@ -159,4 +151,4 @@ def iter_members(
             continue  # directory entries carry no sample data
         if kind not in (b"0", b"\0", b"7"):
             raise ShardError(shard, start, f"unsupported member type {kind!r} for {name!r}")
-        yield start, name, data, data_start, size
+        yield start, name, data_start, size

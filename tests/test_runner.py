@@ -156,6 +156,32 @@ def test_out_pointing_at_a_file_is_a_clear_error(notebooks, tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_a_subset_run_merges_into_the_earlier_run_and_says_so(notebooks, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "out"
+    common = ["--quick", "--notebooks", str(notebooks), "--out", str(out), "--no-progress"]
+    assert main(["run", *common, "--only", "10", "15"]) == 0
+    first = json.loads((out / "summary.json").read_text())
+    assert [m["trick"] for m in first["measurements"]] == ["noop"]
+    capsys.readouterr()
+    # Re-running only 15 keeps 10's row and status (stamped as kept), instead of dropping them.
+    assert main(["run", *common, "--only", "15"]) == 0
+    assert "Summary merged: 10_ok kept from the earlier run" in capsys.readouterr().err
+    merged = json.loads((out / "summary.json").read_text())
+    assert [m["trick"] for m in merged["measurements"]] == ["noop"]
+    by_name = {s["notebook"]: s for s in merged["notebooks"]}
+    assert by_name["10_ok"]["carried_over"] is True and by_name["15_env"]["carried_over"] is False
+    first_10 = next(s for s in first["notebooks"] if s["notebook"] == "10_ok")
+    assert by_name["10_ok"]["finished_at"] == first_10["finished_at"]
+    assert "(earlier run, kept)" in (out / "summary.md").read_text()
+    # A full-mode run of a subset does not merge into a quick-mode folder: it replaces it, and says so.
+    monkeypatch.setenv("TRICKS_QUICK", "0")
+    assert main(["run", "--notebooks", str(notebooks), "--out", str(out), "--no-progress", "--only", "15"]) == 0
+    assert "Summary replaced: the earlier run" in capsys.readouterr().err
+    replaced = json.loads((out / "summary.json").read_text())
+    assert [s["notebook"] for s in replaced["notebooks"]] == ["15_env"] and replaced["measurements"] == []
+
+
+@pytest.mark.slow
 def test_ctrl_c_stops_the_run_marks_the_rest_interrupted_and_exits_130(tmp_path, capsys):
     folder = tmp_path / "nbs"
     folder.mkdir()
@@ -173,3 +199,25 @@ def test_ctrl_c_stops_the_run_marks_the_rest_interrupted_and_exits_130(tmp_path,
         ("70_next", False, "interrupted: not run"),
     ]
     assert summary["notebooks"][0]["seconds"] < 25  # stopped, not waiting out the cell
+
+
+def test_a_bad_quick_value_is_one_line_not_a_traceback(notebooks, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TRICKS_QUICK", "maybe")
+    assert main(["run", "--notebooks", str(notebooks), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: TRICKS_QUICK='maybe' is not understood") and "Traceback" not in err
+
+
+def test_run_help_describes_the_command(capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    assert "executed notebooks and a summary" in capsys.readouterr().out
+
+
+def test_stored_notebooks_carry_the_standard_kernelspec():
+    from pathlib import Path
+
+    from tricks_lib.runner import STANDARD_KERNELSPEC
+
+    for path in sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb")):
+        assert json.loads(path.read_text())["metadata"]["kernelspec"] == STANDARD_KERNELSPEC, path.name

@@ -93,7 +93,15 @@ def test_every_result_type_reaches_both_summary_files(monkeypatch, tmp_path):
     summary = json.loads(json_path.read_text())
     assert set(summary) == {"machine", "machine_summary", "mode", "notebooks", "measurements", "verdicts"}
     assert summary["notebooks"] == [
-        {"notebook": "99_test", "ok": True, "seconds": 1.5, "failed_cell": None, "error": None}
+        {
+            "notebook": "99_test",
+            "ok": True,
+            "seconds": 1.5,
+            "failed_cell": None,
+            "error": None,
+            "finished_at": "-",
+            "carried_over": False,
+        }
     ]
     rows = summary["measurements"]
     assert all(tuple(r) == PINNED_KEYS for r in rows)

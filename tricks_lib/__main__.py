@@ -17,7 +17,14 @@ def _default_notebook_dir() -> Path:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m tricks_lib", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="execute the notebooks headless and summarize every measurement")
+    run = sub.add_parser(
+        "run",
+        help="execute the notebooks headless and summarize every measurement",
+        description="Execute the notebooks headless in this interpreter, one fresh kernel each, and write the "
+        "executed notebooks and a summary (summary.md, summary.json) into --out. A run of some notebooks "
+        "(--only) merges into the folder's earlier summary when both ran in the same mode on the same machine, "
+        "else replaces it; it says which. --refresh also stores the outputs back into the notebooks.",
+    )
     run.add_argument("--quick", action="store_true", help="small sizes: the whole suite in minutes (TRICKS_QUICK=1)")
     run.add_argument("--only", nargs="+", metavar="NN", help="run only these notebooks (number or name prefix)")
     run.add_argument("--out", type=Path, default=Path("results"), help="output folder (default: results/)")
@@ -41,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     from tricks_lib.env import quick_mode
-    from tricks_lib.runner import find_notebooks, run_notebooks, write_summary
+    from tricks_lib.runner import earlier_results, find_notebooks, run_notebooks, write_summary
 
     if args.timeout <= 0:
         print("error: --timeout must be a positive number of seconds", file=sys.stderr)
@@ -49,17 +56,27 @@ def main(argv: list[str] | None = None) -> int:
     if args.out.exists() and not args.out.is_dir():
         print(f"error: --out {args.out} is a file; pass a folder (it is created if missing)", file=sys.stderr)
         return 2
-    quick = args.quick or quick_mode()
+    try:
+        quick = args.quick or quick_mode()
+    except ValueError as err:  # a bad TRICKS_QUICK: one line, not a traceback
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     try:
         paths = find_notebooks(args.notebooks or _default_notebook_dir(), args.only)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    earlier = earlier_results(args.out, quick=quick)
     print(f"Running {len(paths)} notebook(s) in {'quick' if quick else 'full'} mode -> {args.out}/", file=sys.stderr)
     runs = run_notebooks(
         paths, args.out, quick=quick, refresh=args.refresh, timeout=args.timeout, progress=not args.no_progress
     )
     md_path, json_path = write_summary(args.out, runs, quick=quick)
+    carried = [r.name for r in runs if r.carried_over]
+    if carried:
+        print(f"Summary merged: {', '.join(carried)} kept from the earlier run in {args.out}/", file=sys.stderr)
+    elif earlier is not None and not earlier.compatible:
+        print(f"Summary replaced: the earlier run in {args.out}/ {earlier.reason}", file=sys.stderr)
     print(f"Summary: {md_path} and {json_path}", file=sys.stderr)
     failures = [r for r in runs if not r.ok]
     for run in failures:

@@ -31,9 +31,20 @@ from tricks_lib.results import NOTEBOOK_ENV_VAR, RESULTS_ENV_VAR, load_records
 from tricks_lib.summary import NotebookStatus, write_summary_files
 from tricks_lib.timing import PROGRESS_ENV_VAR
 
-__all__ = ["NotebookRun", "find_notebooks", "local_path_pattern", "run_notebooks", "write_summary"]
+__all__ = [
+    "EarlierResults",
+    "NotebookRun",
+    "earlier_results",
+    "find_notebooks",
+    "local_path_pattern",
+    "run_notebooks",
+    "write_summary",
+]
 
 CURRENT_ENV_KERNEL = "python3"
+# The kernelspec JupyterLab writes for this kernel: a stored notebook with another display name shows
+# as "modified" the moment a reader opens it.
+STANDARD_KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
 CUBLAS_ENV_VAR = "CUBLAS_WORKSPACE_CONFIG"
 CUBLAS_DETERMINISTIC_CONFIG = ":4096:8"
 
@@ -61,6 +72,8 @@ class NotebookRun:
     failed_cell_label: str | None = None  # the failed cell as a reader finds it
     problems: list[str] = field(default_factory=list)  # hygiene problems that blocked a refresh
     interrupted: bool = False  # Ctrl-C stopped this notebook, or it never ran because of one
+    finished_at: str = field(default_factory=lambda: time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+    carried_over: bool = False  # not run now: kept from an earlier run of the same folder (a subset run)
 
     @property
     def failure_location(self) -> str:
@@ -88,6 +101,66 @@ def find_notebooks(notebook_dir: Path, only: Sequence[str] | None = None) -> lis
             raise ValueError(f"--only {selector!r} matches no notebook; choose from {[p.stem for p in paths]}")
         chosen += [p for p in matches if p not in chosen]
     return sorted(chosen)
+
+
+@dataclass(frozen=True)
+class EarlierResults:
+    """The run whose summary an output folder already holds, and whether a new run may merge into it."""
+
+    statuses: tuple[dict, ...]
+    compatible: bool
+    reason: str  # why it cannot be merged ("" when it can)
+
+
+def earlier_results(out_dir: Path, *, quick: bool) -> EarlierResults | None:
+    """Read ``out_dir/summary.json`` of an earlier run, or None when there is none (or it is unreadable).
+
+    A run of some notebooks merges into the earlier run's summary (the other notebooks' rows are kept,
+    each stamped with when it ran) only when both ran in the same mode on the same machine; otherwise
+    the new run replaces it, and says so.
+    """
+    path = Path(out_dir) / "summary.json"
+    try:
+        earlier = json.loads(path.read_text(encoding="utf-8"))
+        statuses, mode, machine = earlier["notebooks"], earlier["mode"], earlier["machine_summary"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    here = dataclasses.replace(describe(), quick_mode=quick).summary()
+    wanted = "quick" if quick else "full"
+    if mode != wanted:
+        return EarlierResults(tuple(statuses), False, f"was a {mode}-mode run, this one is {wanted} mode")
+    if machine != here:
+        return EarlierResults(tuple(statuses), False, f"ran on another machine ({machine})")
+    return EarlierResults(tuple(statuses), True, "")
+
+
+def _carry_over(out_dir: Path, names: set[str], quick: bool) -> tuple[list[NotebookRun], list[str]]:
+    """The earlier runs and record lines of the notebooks this run does not execute (see earlier_results)."""
+    earlier = earlier_results(out_dir, quick=quick)
+    records_path = Path(out_dir) / "records.jsonl"
+    if earlier is None or not earlier.compatible or not records_path.exists():
+        return [], []
+    runs = [
+        NotebookRun(
+            s["notebook"],
+            s["ok"],
+            s["seconds"],
+            None,
+            s["error"],
+            failed_cell_label=s["failed_cell"],
+            finished_at=s.get("finished_at") or "an earlier run",
+            carried_over=True,
+        )
+        for s in earlier.statuses
+        if s["notebook"] not in names
+    ]
+    kept = {r.name for r in runs}
+    lines = [
+        line
+        for line in records_path.read_text(encoding="utf-8").splitlines()
+        if line.strip() and json.loads(line).get("notebook") in kept
+    ]
+    return runs, lines
 
 
 def local_path_pattern() -> re.Pattern:
@@ -198,7 +271,11 @@ def _execute(
 
 
 def _write_notebook(nb, path: Path) -> None:
-    """Write a notebook atomically: a full disk or a kill mid-write never leaves a truncated notebook."""
+    """Write a notebook atomically: a full disk or a kill mid-write never leaves a truncated notebook.
+
+    The kernelspec is the standard one, so JupyterLab does not mark the notebook modified on open.
+    """
+    nb.metadata["kernelspec"] = dict(STANDARD_KERNELSPEC)
     text = nbformat.writes(nb)
     if not text.endswith("\n"):
         text += "\n"  # as nbformat.write does
@@ -235,7 +312,9 @@ def run_notebooks(
     executed_dir = out_dir / "notebooks"
     executed_dir.mkdir(exist_ok=True)
     records_path = out_dir / "records.jsonl"
-    records_path.write_text("", encoding="utf-8")
+    # A run of some notebooks keeps the earlier run's other notebooks (same mode, same machine).
+    carried_runs, carried_lines = _carry_over(out_dir, {p.stem for p in paths}, quick)
+    records_path.write_text("".join(line + "\n" for line in carried_lines), encoding="utf-8")
     saved_env = {
         k: os.environ.get(k)
         for k in (QUICK_ENV_VAR, RESULTS_ENV_VAR, NOTEBOOK_ENV_VAR, CUBLAS_ENV_VAR, PROGRESS_ENV_VAR)
@@ -315,7 +394,7 @@ def run_notebooks(
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-    return runs
+    return sorted(carried_runs + runs, key=lambda r: r.name) if carried_runs else runs
 
 
 def _in_main_thread() -> bool:
@@ -327,5 +406,8 @@ def _in_main_thread() -> bool:
 def write_summary(out_dir: Path, runs: Sequence[NotebookRun], *, quick: bool) -> tuple[Path, Path]:
     """Write ``summary.json`` and ``summary.md`` from the run's records; returns both paths."""
     env = dataclasses.replace(describe(), quick_mode=quick)  # the mode the notebooks ran in
-    statuses = [NotebookStatus(r.name, r.ok, round(r.seconds, 2), r.failed_cell_label, r.error) for r in runs]
+    statuses = [
+        NotebookStatus(r.name, r.ok, round(r.seconds, 2), r.failed_cell_label, r.error, r.finished_at, r.carried_over)
+        for r in runs
+    ]
     return write_summary_files(out_dir, env, statuses, load_records(out_dir / "records.jsonl"))

@@ -75,6 +75,8 @@ class NotebookStatus:
     seconds: float
     failed_cell: str | None
     error: str | None
+    finished_at: str = "-"  # when the notebook finished (UTC)
+    carried_over: bool = False  # kept from an earlier run of the same folder, not run this time
 
 
 def _md_cell(text: str) -> str:
@@ -104,12 +106,13 @@ def _markdown(env: EnvInfo, statuses: Sequence[NotebookStatus], rows: list[dict]
         "",
         env.summary(),
         "",
-        "| notebook | status | run time |",
-        "|---|---|---|",
+        "| notebook | status | run time | finished |",
+        "|---|---|---|---|",
     ]
     for s in statuses:
         status = "ok" if s.ok else _md_cell(f"FAILED at {s.failed_cell}: {s.error}")
-        lines.append(f"| {s.notebook} | {status} | {s.seconds:.1f} s |")
+        finished = f"{s.finished_at} (earlier run, kept)" if s.carried_over else s.finished_at
+        lines.append(f"| {s.notebook} | {status} | {s.seconds:.1f} s | {finished} |")
     lines += [
         "",
         "| notebook | trick | variant | median | IQR | items/s | speedup | verdict | saved for backward "

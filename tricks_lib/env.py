@@ -130,6 +130,7 @@ class EnvInfo:
     gpu_memory_bytes: int | None
     bf16_native: bool  # native bf16 on the default device (CUDA: cc >= 8.0; CPU: ISA flags)
     tf32_native: bool  # TF32 tensor cores: CUDA cc >= 8.0 only
+    fp16_tensor_cores: bool  # fp16 tensor cores: CUDA cc >= 7.0 (Volta on); the CPU has none
     colab: bool
     quick_mode: bool
 
@@ -228,6 +229,7 @@ def describe() -> EnvInfo:
         gpu_memory_bytes=torch.cuda.get_device_properties(0).total_memory if cuda else None,
         bf16_native=native_ampere if cuda else cpu_bf16,
         tf32_native=native_ampere,
+        fp16_tensor_cores=cc is not None and cc >= (7, 0),
         colab=is_colab(),
         quick_mode=quick_mode(),
     )

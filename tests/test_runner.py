@@ -221,3 +221,13 @@ def test_stored_notebooks_carry_the_standard_kernelspec():
 
     for path in sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb")):
         assert json.loads(path.read_text())["metadata"]["kernelspec"] == STANDARD_KERNELSPEC, path.name
+
+
+def test_without_the_run_extra_the_main_command_names_the_install(notebooks, tmp_path, capsys, monkeypatch):
+    import sys
+
+    monkeypatch.delitem(sys.modules, "tricks_lib.runner")
+    monkeypatch.setitem(sys.modules, "nbformat", None)  # as on a core install: no Jupyter stack
+    assert main(["run", "--notebooks", str(notebooks), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "nbformat is missing" in err and "pip install 'tricks_lib[run]'" in err

@@ -48,7 +48,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     from tricks_lib.env import quick_mode
-    from tricks_lib.runner import earlier_results, find_notebooks, run_notebooks, write_summary
+
+    try:
+        from tricks_lib.runner import earlier_results, find_notebooks, run_notebooks, write_summary
+    except ImportError as err:  # the core install has no Jupyter stack (so Colab's kernel stays as it is)
+        print(
+            f"error: the main command needs Jupyter's runner ({err.name} is missing): pip install 'tricks_lib[run]'",
+            file=sys.stderr,
+        )
+        return 2
 
     if args.timeout <= 0:
         print("error: --timeout must be a positive number of seconds", file=sys.stderr)

@@ -14,51 +14,8 @@ import json
 import sys
 from pathlib import Path
 
-
-def verdict_class(verdict: str | None) -> str | None:
-    """'faster', 'slower', 'not significant', or None for rows without a comparison verdict."""
-    if not verdict:
-        return None
-    v = verdict.split(" (")[0]  # "(suspect: ...)", "(fresh replicates disagree: ...)"
-    if v.endswith("x faster"):
-        return "faster"
-    if v.endswith("x slower"):
-        return "slower"
-    if v == "not significant":
-        return "not significant"
-    return None
-
-
-def compare_runs(first: dict, second: dict) -> dict:
-    """The flips between two ``summary.json`` documents, by (notebook, trick, variant)."""
-
-    def by_key(summary: dict) -> dict:
-        out = {}
-        for row in summary["measurements"]:
-            cls = verdict_class(row.get("verdict"))
-            if cls is not None:
-                out[(row["notebook"], row["trick"], str(row["variant"]))] = (cls, row.get("verdict"))
-        return out
-
-    a, b = by_key(first), by_key(second)
-    shared = sorted(set(a) & set(b))
-    direction, significance = [], []
-    for key in shared:
-        (ca, va), (cb, vb) = a[key], b[key]
-        if ca == cb:
-            continue
-        entry = {"notebook": key[0], "trick": key[1], "variant": key[2], "first": va, "second": vb}
-        if {ca, cb} == {"faster", "slower"}:
-            direction.append(entry)
-        else:
-            significance.append(entry)
-    return {
-        "rows_compared": len(shared),
-        "only_in_one_run": len(set(a) ^ set(b)),
-        "direction_flips": direction,
-        "significance_flips": significance,
-        "significance_flip_rate": len(significance) / len(shared) if shared else 0.0,
-    }
+# The logic lives in the package (``python -m tricks_lib diff`` prints it as Markdown); this prints JSON.
+from tricks_lib.summary_diff import compare_summaries
 
 
 def main(argv: list[str]) -> int:
@@ -66,7 +23,7 @@ def main(argv: list[str]) -> int:
         print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
         return 2
     first, second = (json.loads(Path(p).read_text(encoding="utf-8")) for p in argv)
-    print(json.dumps(compare_runs(first, second), indent=2))
+    print(json.dumps(compare_summaries(first, second), indent=2))
     return 0
 
 

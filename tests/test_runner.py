@@ -57,7 +57,7 @@ def test_run_records_summary_and_refresh(notebooks, tmp_path):
     assert summary["mode"] == "quick"
     assert [m["trick"] for m in summary["measurements"]] == ["noop"]
     assert summary["measurements"][0]["notebook"] == "10_ok"
-    assert "| 10_ok | noop |" in md.read_text()
+    assert "## 10_ok" in md.read_text() and "| noop |" in md.read_text()
     assert (out / "notebooks" / "10_ok.ipynb").exists()
 
 

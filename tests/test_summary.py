@@ -27,6 +27,7 @@ PINNED_KEYS = (
     "saved_bytes",
     "peak_saved_bytes",
     "peak_allocated_bytes",
+    "noisy",
 )
 
 
@@ -119,8 +120,26 @@ def test_every_result_type_reaches_both_summary_files(monkeypatch, tmp_path):
     assert ddp["median_s"] == pytest.approx(0.11) and ddp["items_per_second"] == 290.9
     assert by_trick["measurement"][0]["items_per_second"] == pytest.approx(8 / 1e-3)
     md = md_path.read_text()
-    table = [line for line in md.splitlines() if line.startswith("| 99_test | ")]
-    assert len(table) == len(rows) + 1  # one status line, one line per row
-    assert "| 99_test | comparison | fast | 500 us |" in md
+    # Grouped by notebook: the status line, then the notebook's section with one line per measured row.
+    assert [line for line in md.splitlines() if line.startswith("| 99_test | ")] == ["| 99_test | ok | 1.5 s | - |"]
+    section = md.split("\n## 99_test\n", 1)[1]
+    assert len([line for line in section.splitlines() if line.startswith("| ") and "---" not in line]) == len(rows) + 1
+    assert "| comparison | fast | 500 us |" in section
     # No temporary files left next to the final names.
     assert sorted(p.name for p in tmp_path.iterdir()) == ["records.jsonl", "summary.json", "summary.md"]
+
+
+def test_a_noisy_time_is_flagged_in_both_summary_files(tmp_path, monkeypatch):
+    # One quick run once reported "7.26x slower" with a spread larger than its median, unflagged.
+    monkeypatch.setenv("TRICKS_RESULTS", str(tmp_path / "records.jsonl"))
+    monkeypatch.setenv("TRICKS_NOTEBOOK", "98_noise")
+    quiet = Measurement("quiet", (1.0e-3,) * 5 + (1.01e-3,) * 5, 1, "cpu", 2)
+    noisy = Measurement("noisy", (1e-3, 5e-3, 9e-3, 2e-3, 7e-3, 1e-3, 8e-3, 3e-3, 6e-3, 4e-3), 1, "cpu", 2)
+    record("quiet", quiet)
+    record("noisy", noisy)
+    statuses = [NotebookStatus("98_noise", True, 1.0, None, None)]
+    md_path, json_path = write_summary_files(tmp_path, describe(), statuses, load_records(tmp_path / "records.jsonl"))
+    rows = {r["trick"]: r for r in json.loads(json_path.read_text())["measurements"]}
+    assert rows["noisy"]["noisy"] is True and rows["quiet"]["noisy"] is False
+    lines = {line.split(" | ")[0]: line for line in md_path.read_text().splitlines() if line.startswith("| ")}
+    assert "(noisy)" in lines["| noisy"] and "(noisy)" not in lines["| quiet"]

@@ -1,13 +1,6 @@
-"""benchmarks/verdict_flips.py: direction and significance flips between two runs' summaries."""
+"""tricks_lib.summary_diff (benchmarks/verdict_flips.py, `python -m tricks_lib diff`): direction and significance flips between two runs' summaries."""
 
-import importlib.util
-from pathlib import Path
-
-spec = importlib.util.spec_from_file_location(
-    "verdict_flips", Path(__file__).resolve().parent.parent / "benchmarks" / "verdict_flips.py"
-)
-verdict_flips = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(verdict_flips)
+from tricks_lib import summary_diff
 
 
 def summary(*rows):
@@ -32,7 +25,7 @@ def test_flips_are_counted_by_kind():
         ("02", "amp", "bf16", "1.04x slower"),
         ("02", "amp", "fp16", "1.12x faster"),
     )
-    report = verdict_flips.compare_runs(first, second)
+    report = summary_diff.compare_summaries(first, second)
     assert report["rows_compared"] == 4  # baselines and rows missing from one run are not compared
     assert report["only_in_one_run"] == 1
     assert [f["variant"] for f in report["direction_flips"]] == ["png"]
@@ -41,8 +34,29 @@ def test_flips_are_counted_by_kind():
 
 
 def test_verdict_classes():
-    assert verdict_flips.verdict_class("1.20x faster") == "faster"
-    assert verdict_flips.verdict_class("3.00x slower (suspect: x)") == "slower"
-    assert verdict_flips.verdict_class("not significant") == "not significant"
-    assert verdict_flips.verdict_class("not significant (fresh replicates disagree: 0.90x, 1.10x)") == "not significant"
-    assert verdict_flips.verdict_class("baseline") is None and verdict_flips.verdict_class(None) is None
+    assert summary_diff.verdict_class("1.20x faster") == "faster"
+    assert summary_diff.verdict_class("3.00x slower (suspect: x)") == "slower"
+    assert summary_diff.verdict_class("not significant") == "not significant"
+    assert summary_diff.verdict_class("not significant (fresh replicates disagree: 0.90x, 1.10x)") == "not significant"
+    assert summary_diff.verdict_class("baseline") is None and summary_diff.verdict_class(None) is None
+
+
+def test_diff_command_lists_the_changed_verdicts_of_two_folders(tmp_path, capsys):
+    import json
+
+    from tricks_lib.__main__ import main
+
+    for name, verdict, table in (("cpu", "not significant", "1.40x slower"), ("gpu", "2.10x faster", "1.30x faster")):
+        (tmp_path / name).mkdir()
+        doc = summary(("02", "amp", "bf16", verdict), ("02", "amp", "fp32", "baseline"))
+        doc["machine_summary"] = f"{name} machine"
+        doc["verdicts"] = [{"notebook": "02", "trick": "channels_last", "variant": "verdict", "verdict": table}]
+        (tmp_path / name / "summary.json").write_text(json.dumps(doc))
+    assert main(["diff", str(tmp_path / "cpu"), str(tmp_path / "gpu")]) == 0
+    out = capsys.readouterr().out
+    assert "First run: cpu machine" in out and "Second run: gpu machine" in out
+    assert "| 02 | amp | bf16 | not significant | 2.10x faster |" in out  # significance changed
+    assert "| 02 | channels_last | verdict | 1.40x slower | 1.30x faster |" in out  # direction changed
+    assert "2 verdicts in both runs; 1 changed direction, 1 changed significance" in out
+    assert main(["diff", str(tmp_path / "cpu"), str(tmp_path / "nowhere")]) == 2
+    assert "no summary here" in capsys.readouterr().err

@@ -33,6 +33,15 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--timeout", type=int, default=1800, help="seconds one cell may run (default 1800)")
     run.add_argument("--no-progress", action="store_true", help="no progress bars")
     sub.add_parser("describe", help="print what this machine is, as the notebooks' first cell shows it")
+    diff = sub.add_parser(
+        "diff",
+        help="list the tricks whose verdict differs between two runs",
+        description="Compare two runs' summaries (folders or summary.json files), e.g. a CPU and a GPU run, "
+        "or yesterday's and today's: list every trick whose verdict changed direction or significance.",
+    )
+    diff.add_argument("first", type=Path)
+    diff.add_argument("second", type=Path)
+    diff.add_argument("--json", action="store_true", help="print the report as JSON")
     return parser
 
 
@@ -45,6 +54,19 @@ def main(argv: list[str] | None = None) -> int:
         print(info.summary())
         for key, value in info.to_dict().items():
             print(f"  {key}: {value}")
+        return 0
+
+    if args.command == "diff":
+        import json
+
+        from tricks_lib.summary_diff import compare_summaries, diff_markdown, load_summary
+
+        try:
+            report = compare_summaries(load_summary(args.first), load_summary(args.second))
+        except (OSError, ValueError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        print(json.dumps(report, indent=2) if args.json else diff_markdown(report), end="" if not args.json else "\n")
         return 0
 
     from tricks_lib.env import quick_mode

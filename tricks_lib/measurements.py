@@ -109,6 +109,7 @@ class Measurement:
                 median_s=self.median,
                 iqr_s=self.iqr,
                 items_per_second=self.items_per_second,
+                noisy=self.noisy,
             ),
         )
 
@@ -186,6 +187,7 @@ class ComparisonRow:
             saved_bytes=mem.saved_bytes if mem else None,
             peak_saved_bytes=mem.peak_saved_bytes if mem else None,
             peak_allocated_bytes=mem.peak_allocated_bytes if mem else None,
+            noisy=m.noisy,
         )
 
     def to_dict(self) -> dict:

@@ -38,6 +38,7 @@ class SummaryRow:
     saved_bytes: int | None = None
     peak_saved_bytes: int | None = None
     peak_allocated_bytes: int | None = None
+    noisy: bool | None = None  # the spread (IQR) is more than 10% of the median: read with care
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -100,11 +101,28 @@ def summary_rows(records: Sequence[RecordLike], *, verdicts: bool = False) -> li
     ]
 
 
+def _measurement_line(r: dict) -> str:
+    speedup = f"{r['speedup']:.2f}x" if r["speedup"] is not None else "-"
+    rate = f"{r['items_per_second']:,.0f}" if r["items_per_second"] is not None else "-"
+    saved = format_bytes(r["saved_bytes"])
+    if r["peak_saved_bytes"] is not None and r["peak_saved_bytes"] != r["saved_bytes"]:
+        saved += f" ({format_bytes(r['peak_saved_bytes'])})"
+    spread = _time(r["iqr_s"]) + (" (noisy)" if r.get("noisy") else "")
+    return (
+        f"| {_md_cell(r['trick'])} | {_md_cell(str(r['variant']))} | {_time(r['median_s'])} | {spread} | {rate} | "
+        f"{speedup} | {_md_cell(r['verdict'] or '-')} | {saved} | {format_bytes(r['peak_allocated_bytes'])} | "
+        f"{r['device']} |"
+    )
+
+
 def _markdown(env: EnvInfo, statuses: Sequence[NotebookStatus], rows: list[dict], verdicts: list[dict]) -> str:
+    """Grouped by notebook: its status, its verdict table, then every measured row behind it."""
     lines = [
         "# PyTorch Tricks: measured on this machine",
         "",
         env.summary(),
+        "",
+        "A time whose spread (IQR) is more than 10% of its median is marked *(noisy)*: read it with care.",
         "",
         "| notebook | status | run time | finished |",
         "|---|---|---|---|",
@@ -113,29 +131,27 @@ def _markdown(env: EnvInfo, statuses: Sequence[NotebookStatus], rows: list[dict]
         status = "ok" if s.ok else _md_cell(f"FAILED at {s.failed_cell}: {s.error}")
         finished = f"{s.finished_at} (earlier run, kept)" if s.carried_over else s.finished_at
         lines.append(f"| {s.notebook} | {status} | {s.seconds:.1f} s | {finished} |")
-    lines += [
-        "",
-        "| notebook | trick | variant | median | IQR | items/s | speedup | verdict | saved for backward "
-        "(at most at once) | peak allocated | device |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        speedup = f"{r['speedup']:.2f}x" if r["speedup"] is not None else "-"
-        rate = f"{r['items_per_second']:,.0f}" if r["items_per_second"] is not None else "-"
-        saved = format_bytes(r["saved_bytes"])
-        if r["peak_saved_bytes"] is not None and r["peak_saved_bytes"] != r["saved_bytes"]:
-            saved += f" ({format_bytes(r['peak_saved_bytes'])})"
-        lines.append(
-            f"| {_md_cell(r['notebook'])} | {_md_cell(r['trick'])} | {_md_cell(str(r['variant']))} | "
-            f"{_time(r['median_s'])} | {_time(r['iqr_s'])} | {rate} | {speedup} | {_md_cell(r['verdict'] or '-')} | "
-            f"{saved} | {format_bytes(r['peak_allocated_bytes'])} | {r['device']} |"
-        )
-    if verdicts:
-        lines += ["", "## Verdicts", "", "| notebook | trick | measured here | device |", "|---|---|---|---|"]
-        lines += [
-            f"| {_md_cell(v['notebook'])} | {_md_cell(v['trick'])} | {_md_cell(v['verdict'] or '-')} | {v['device']} |"
-            for v in verdicts
-        ]
+    order = [s.notebook for s in statuses]
+    order += sorted({r["notebook"] for r in rows + verdicts} - set(order))
+    for notebook in order:
+        mine = [r for r in rows if r["notebook"] == notebook]
+        verdict_rows = [v for v in verdicts if v["notebook"] == notebook]
+        if not (mine or verdict_rows):
+            continue
+        lines += ["", f"## {notebook}"]
+        if verdict_rows:
+            lines += ["", "| trick | measured here | device |", "|---|---|---|"]
+            lines += [
+                f"| {_md_cell(v['trick'])} | {_md_cell(v['verdict'] or '-')} | {v['device']} |" for v in verdict_rows
+            ]
+        if mine:
+            lines += [
+                "",
+                "| trick | variant | median | IQR | items/s | speedup | verdict | saved for backward "
+                "(at most at once) | peak allocated | device |",
+                "|---|---|---|---|---|---|---|---|---|---|",
+            ]
+            lines += [_measurement_line(r) for r in mine]
     return "\n".join(lines) + "\n"
 
 

@@ -75,3 +75,20 @@ def test_stored_notebook_has_outputs_of_a_real_run(path):
     first = code[0].outputs[0]
     text = json.dumps(first.get("data", first.get("text", "")))
     assert "torch" in text and "threads" in text, "the first output must name the machine (describe())"
+
+
+def _repository() -> str:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]["Repository"]
+
+
+def test_badges_and_setup_cells_use_the_one_repository_address():
+    repo = _repository()
+    owner_name = repo.removeprefix("https://github.com/")
+    badges = re.findall(r"colab\.research\.google\.com/github/([^/]+/[^/]+)/blob/", (ROOT / "README.md").read_text())
+    assert badges and set(badges) == {owner_name}
+    for path in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        setup = "".join(json.loads(path.read_text())["cells"][1]["source"])
+        assert f'REPOSITORY = "{repo}"' in setup, path.name
+        assert "git+{REPOSITORY}" in setup and "github.com" not in setup.replace(f'"{repo}"', ""), path.name
+        # A failed install ends in one sentence that names the address, not a bare ModuleNotFoundError.
+        assert 'raise RuntimeError(f"Installing tricks_lib from {REPOSITORY} failed' in setup, path.name

@@ -499,3 +499,17 @@ def test_measure_reads_block_times_exactly_from_its_clock():
     assert alternating.median == pytest.approx(2e-3, rel=0.02)
     with pytest.raises(TypeError, match="clock"):
         measure(lambda: None, clock=1.0)
+
+
+def test_compare_checks_that_variants_agree_before_timing():
+    x = torch.randn(64, 64)
+    same = {"matmul": lambda: x @ x, "mm": lambda: torch.mm(x, x)}
+    cmp = compare(same, baseline="matmul", min_rounds=8, min_run_time=0.01, check=torch.testing.assert_close)
+    assert set(cmp.names) == {"matmul", "mm"}
+    timed = []
+    wrong = {"matmul": lambda: x @ x, "transposed": lambda: timed.append(1) or x.T @ x}
+    with pytest.raises(ValueError, match="'transposed' does not return what 'matmul' returns.*AssertionError"):
+        compare(wrong, baseline="matmul", min_rounds=8, min_run_time=0.01, check=torch.testing.assert_close)
+    assert timed == [1]  # called once for the check, never timed
+    with pytest.raises(TypeError, match="check"):
+        compare(same, baseline="matmul", min_rounds=8, check="assert_close")

@@ -97,3 +97,12 @@ def test_decode_sample_gives_chw_uint8_and_label():
     assert small.shape == (3, 16, 16)
     with pytest.raises(ValueError, match="draft"):
         DecodeSample(draft=True)
+
+
+def test_decode_names_the_missing_field_instead_of_a_bare_key_error():
+    from tricks_lib.data.images import DecodeSample
+
+    with pytest.raises(KeyError, match=r"sample 'a/0' has no 'jpg' field \(it has \['cls', 'png'\]\).*field='png'"):
+        DecodeSample()({"__key__": "a/0", "png": b"", "cls": b"1"})
+    with pytest.raises(KeyError, match="has no 'cls' field"):
+        DecodeSample(field="png")({"__key__": "a/0", "png": b""})

@@ -282,10 +282,7 @@ class Comparison:
                 cells.insert(3, f"{m.items_per_second:,.0f}" if m.items_per_second else "-")
             if with_memory:
                 mem = r.memory
-                saved = format_bytes(mem.saved_bytes) if mem else "-"
-                if mem and mem.peak_saved_bytes != mem.saved_bytes:
-                    saved += f" (at most {format_bytes(mem.peak_saved_bytes)} at once)"
-                cells.append(saved)
+                cells.append(mem.saved_text if mem else "-")
                 peak = mem.peak_allocated_bytes if mem else None
                 cells.append(format_bytes(peak) if peak is not None else f"n/a ({self.device})")
             body.append(cells)

@@ -54,8 +54,21 @@ class MemoryReport:
             return None
         return self.peak_allocated_bytes - self.allocated_before_bytes
 
+    @property
+    def saved_text(self) -> str:
+        """Saved-for-backward bytes as a table shows them; a call that built no autograd graph says so."""
+        if self.saved_tensors == 0:
+            return "0 B (no autograd graph: nothing saved for backward)"
+        text = format_bytes(self.saved_bytes)
+        if self.peak_saved_bytes != self.saved_bytes:
+            text += f" (at most {format_bytes(self.peak_saved_bytes)} at once)"
+        return text
+
     def __repr__(self) -> str:
-        parts = [f"saved for backward {format_bytes(self.saved_bytes)} in {self.saved_tensors} tensors"]
+        if self.saved_tensors == 0:
+            parts = ["nothing saved for backward (no autograd graph)"]
+        else:
+            parts = [f"saved for backward {format_bytes(self.saved_bytes)} in {self.saved_tensors} tensors"]
         if self.peak_saved_bytes != self.saved_bytes:
             parts.append(f"at most {format_bytes(self.peak_saved_bytes)} alive at once")
         if self.peak_allocated_bytes is not None:

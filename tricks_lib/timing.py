@@ -459,6 +459,21 @@ def _read_rows(
     return tuple(rows)
 
 
+def _check_results(variants: Mapping[str, Callable[[], object]], baseline: str, check: Callable) -> None:
+    """Call every variant once (untimed) and check its result against the baseline's."""
+    expected = variants[baseline]()
+    for name, fn in variants.items():
+        if name == baseline:
+            continue
+        try:
+            check(expected, fn())
+        except Exception as err:
+            raise ValueError(
+                f"variant {name!r} does not return what {baseline!r} returns, so timing them would compare "
+                f"different work: {type(err).__name__}: {err}"
+            ) from err
+
+
 def compare(
     variants: Mapping[str, Callable[[], object]] | Callable[[], Mapping[str, Callable[[], object]]],
     *,
@@ -477,6 +492,7 @@ def compare(
     order_seed: int = 0,
     progress: bool = False,
     replicates: int = 1,
+    check: Callable[[object, object], object] | None = None,
 ) -> Comparison:
     """Time variants interleaved round by round and read each against ``baseline``.
 
@@ -516,11 +532,15 @@ def compare(
             ``min_effect`` in the same direction (``row.replicate_speedups``). This rules out state a
             rebuild redraws, not state a process draws once (worker start-up, CPU placement): on 2
             shared cores, worker-count verdicts still changed between full runs.
+        check: before anything is timed, ``check(baseline_result, variant_result)`` for every other
+            variant, e.g. ``torch.testing.assert_close``; it raises when they differ (one untimed
+            call each, on the first build). Lossy variants need a check with their tolerance.
 
     Raises:
         TypeError / ValueError: empty or non-dict ``variants``, a non-callable variant, an unknown
             ``baseline`` or ``more_work`` name, non-positive sizes or durations, ``replicates`` > 1
             with a dict instead of a builder, a builder that returns other variants the next time.
+        ValueError: ``check`` raised for a variant (the message names it and keeps the check's own).
     """
     spec = _check_compare_args(
         variants,
@@ -539,6 +559,9 @@ def compare(
     )
     check_flag(memory, "memory")
     check_flag(progress, "progress")
+    if check is not None:
+        check_callable(check, "check")
+        _check_results(spec.variants, spec.baseline, check)
     numbers, block_times, replicate_rounds, variants = _run_rounds(spec, progress)
     reports = {}
     if memory:

@@ -244,6 +244,15 @@ class DecodeSample:
         self.size, self.field, self.draft = size, field, draft
 
     def __call__(self, sample: dict) -> tuple[torch.Tensor, int]:
+        """Decode one sample. Raises KeyError naming the missing field and the fields the sample has."""
+        missing = [key for key in (self.field, "cls") if key not in sample]
+        if missing:
+            fields = sorted(k for k in sample if not k.startswith("__"))
+            images = [k for k in fields if k != "cls"]
+            hint = f"; pass field= the image's extension, e.g. DecodeSample(field={images[0]!r})" if images else ""
+            raise KeyError(
+                f"sample {sample.get('__key__', '?')!r} has no {missing[0]!r} field (it has {fields}) {hint}"
+            )
         with Image.open(io.BytesIO(sample[self.field])) as im:
             if self.draft:
                 im.draft("RGB", (self.size, self.size))

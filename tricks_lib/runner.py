@@ -28,6 +28,7 @@ from jupyter_client.kernelspec import KernelSpecManager
 from tricks_lib._atomic import write_bytes_atomic
 from tricks_lib.env import QUICK_ENV_VAR, describe
 from tricks_lib.results import NOTEBOOK_ENV_VAR, RESULTS_ENV_VAR, load_records
+from tricks_lib.run_times import record_run_time, run_time_line, stamp_run_time
 from tricks_lib.summary import NotebookStatus, write_summary_files
 from tricks_lib.timing import PROGRESS_ENV_VAR
 
@@ -321,6 +322,7 @@ def run_notebooks(
     }
     runs = []
     interrupted = {"now": False}
+    machine = describe().summary().rsplit(" | ", 1)[0]  # without the mode, which the ledger keeps apart
 
     def on_sigint(signum, frame):
         # Ctrl-C reaches the kernels too (same process group); note it here so that the run stops
@@ -377,6 +379,9 @@ def run_notebooks(
                 failed_cell_label=_cell_label(nb, failed_cell),
                 interrupted=interrupted["now"],
             )
+            if run.ok:
+                # The ledger beside the notebooks: what the title cell's run-time line reads on --refresh.
+                record_run_time(path.parent, path.stem, quick=quick, seconds=run.seconds, machine=machine)
             _write_notebook(nb, executed_dir / path.name)
             if run.ok and refresh:
                 run.problems = hygiene_problems(nb)
@@ -384,6 +389,7 @@ def run_notebooks(
                     run.ok = False
                     run.error = "outputs not stored: " + "; ".join(run.problems[:5])
                 else:
+                    stamp_run_time(nb, run_time_line(path.parent, path.stem))
                     _write_notebook(nb, path)
             runs.append(run)
     finally:

@@ -1,0 +1,56 @@
+"""The run-time ledger and the title cell's run-time line (tricks_lib.run_times)."""
+
+import json
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+from tricks_lib.run_times import LEDGER_NAME, MARKER, record_run_time, run_time_line, stamp_run_time
+
+
+def test_the_line_reads_what_was_recorded_per_mode(tmp_path):
+    assert run_time_line(tmp_path, "02_training") is None
+    record_run_time(tmp_path, "02_training", quick=True, seconds=41.23, machine="CPU only: X")
+    record_run_time(tmp_path, "02_training", quick=False, seconds=312.0, machine="CPU only: X")
+    line = run_time_line(tmp_path, "02_training")
+    assert line.startswith(MARKER)
+    assert "as the main command last recorded it on CPU only: X: quick mode 41.2 s" in line
+    assert "full mode 312 s" in line
+    # Another machine's full run: each mode names its own machine.
+    record_run_time(tmp_path, "02_training", quick=False, seconds=60.0, machine="NVIDIA H200")
+    line = run_time_line(tmp_path, "02_training")
+    assert "quick mode 41.2 s on CPU only: X" in line and "full mode 60 s on NVIDIA H200" in line
+    assert json.loads((tmp_path / LEDGER_NAME).read_text())["02_training"]["full"]["seconds"] == 60.0
+    with pytest.raises(ValueError, match="run time"):
+        record_run_time(tmp_path, "02_training", quick=True, seconds=float("nan"), machine="x")
+
+
+def test_stamping_replaces_the_earlier_line_and_keeps_the_title():
+    nb = new_notebook(cells=[new_markdown_cell("# 02 · Training\n\nIntro."), new_code_cell("x = 1")])
+    stamp_run_time(nb, f"{MARKER}\n*Run time: quick mode 1 s.*")
+    stamp_run_time(nb, f"{MARKER}\n*Run time: quick mode 2 s.*")
+    assert nb.cells[0].source == f"# 02 · Training\n\nIntro.\n\n{MARKER}\n*Run time: quick mode 2 s.*"
+    stamp_run_time(nb, None)
+    assert nb.cells[0].source == "# 02 · Training\n\nIntro."
+    nbformat.validate(nb)
+
+
+@pytest.mark.slow
+def test_refresh_writes_the_recorded_time_into_the_title_cell(tmp_path):
+    from tricks_lib.runner import find_notebooks, run_notebooks
+
+    folder = tmp_path / "nbs"
+    folder.mkdir()
+    cells = [new_markdown_cell("# 10 · Test"), new_code_cell("x = 1")]
+    nbformat.write(
+        new_notebook(
+            cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
+        ),
+        folder / "10_t.ipynb",
+    )
+    runs = run_notebooks(find_notebooks(folder), tmp_path / "out", quick=True, refresh=True, progress=False)
+    assert runs[0].ok
+    title = nbformat.read(folder / "10_t.ipynb", as_version=4).cells[0].source
+    recorded = json.loads((folder / LEDGER_NAME).read_text())["10_t"]["quick"]["seconds"]
+    assert title.startswith("# 10 · Test") and f"quick mode {recorded:.1f} s" in title

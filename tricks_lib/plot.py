@@ -55,8 +55,16 @@ def speedup_bars(comparison, ax=None):
     )
     ax.set_yticks(y, [r.name for r in rows])
     ax.invert_yaxis()
-    for yi, r, m in zip(y, rows, medians):
-        ax.annotate(f" {r.verdict}", (m / scale, yi), va="center", fontsize=8)
+    for yi, r, m, high in zip(y, rows, medians, highs):
+        # Past the whisker's end, so that the label never runs through the spread it qualifies.
+        ax.annotate(
+            f" {r.verdict}",
+            ((m + high) / scale, yi),
+            xytext=(4, 0),
+            textcoords="offset points",
+            va="center",
+            fontsize=8,
+        )
     ax.set_xlabel(f"median time per call ({unit}); whiskers: IQR")
     ax.set_title(comparison.label, fontsize=10)
     ax.margins(x=0.25)
@@ -91,8 +99,25 @@ def metric_vs_size(
         if len(values) != len(sizes):
             raise ValueError(f"series {name!r} has {len(values)} values for {len(sizes)} sizes")
     ax = _axes(ax)
+    drawn: list[list[float]] = []
     for name, values in series.items():
-        ax.plot(list(sizes), list(values), marker="o", label=name)
+        same_as = next((i for i, v in enumerate(drawn) if v == list(values)), None)
+        if same_as is None:
+            ax.plot(list(sizes), list(values), marker="o", label=name)
+        else:
+            # Identical values would hide this line under the earlier one: draw it dashed with hollow
+            # markers on top, and say so in the legend.
+            earlier = list(series)[same_as]
+            ax.plot(
+                list(sizes),
+                list(values),
+                marker="o",
+                markerfacecolor="none",
+                markersize=9,
+                linestyle="--",
+                label=f"{name} (same values as {earlier})",
+            )
+        drawn.append(list(values))
     if logx:
         ax.set_xscale("log", base=2)
     if logy:

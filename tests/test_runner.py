@@ -231,3 +231,9 @@ def test_without_the_run_extra_the_main_command_names_the_install(notebooks, tmp
     assert main(["run", "--notebooks", str(notebooks), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert "nbformat is missing" in err and "pip install 'tricks_lib[run]'" in err
+
+
+def test_describe_prints_cpu_flags_readably(capsys):
+    assert main(["describe"]) == 0
+    lines = {line.split(":", 1)[0].strip(): line for line in capsys.readouterr().out.splitlines()[1:]}
+    assert "(" not in lines["cpu_flags"] and "'" not in lines["cpu_flags"]

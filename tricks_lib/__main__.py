@@ -53,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         info = describe()
         print(info.summary())
         for key, value in info.to_dict().items():
-            print(f"  {key}: {value}")
+            shown = ", ".join(map(str, value)) if isinstance(value, (tuple, list)) else "-" if value is None else value
+            print(f"  {key}: {shown}")
         return 0
 
     if args.command == "diff":

@@ -54,3 +54,14 @@ def test_refresh_writes_the_recorded_time_into_the_title_cell(tmp_path):
     title = nbformat.read(folder / "10_t.ipynb", as_version=4).cells[0].source
     recorded = json.loads((folder / LEDGER_NAME).read_text())["10_t"]["quick"]["seconds"]
     assert title.startswith("# 10 · Test") and f"quick mode {recorded:.1f} s" in title
+    assert len(json.loads((folder / LEDGER_NAME).read_text())["10_t"]["quick"]["cells"]) == 1
+
+
+def test_cell_times_are_kept_for_the_next_progress_bar(tmp_path):
+    from tricks_lib.run_times import recorded_cell_seconds
+
+    record_run_time(tmp_path, "01_data", quick=False, seconds=100.0, machine="m", cells=[0.5, 90.0, 9.5])
+    assert recorded_cell_seconds(tmp_path, "01_data", quick=False, cells=3) == [0.5, 90.0, 9.5]
+    # A notebook with another number of code cells changed since: no weights, the bar counts cells.
+    assert recorded_cell_seconds(tmp_path, "01_data", quick=False, cells=4) is None
+    assert recorded_cell_seconds(tmp_path, "01_data", quick=True, cells=3) is None

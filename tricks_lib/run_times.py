@@ -15,7 +15,7 @@ from pathlib import Path
 from tricks_lib._atomic import write_bytes_atomic
 from tricks_lib.formatting import format_seconds
 
-__all__ = ["LEDGER_NAME", "MARKER", "record_run_time", "run_time_line", "stamp_run_time"]
+__all__ = ["LEDGER_NAME", "MARKER", "record_run_time", "recorded_cell_seconds", "run_time_line", "stamp_run_time"]
 
 LEDGER_NAME = "run_times.json"
 MARKER = "<!-- run time: written by the main command -->"
@@ -30,8 +30,12 @@ def _read(folder: Path) -> dict:
     return ledger if isinstance(ledger, dict) else {}
 
 
-def record_run_time(folder: str | Path, notebook: str, *, quick: bool, seconds: float, machine: str) -> None:
+def record_run_time(
+    folder: str | Path, notebook: str, *, quick: bool, seconds: float, machine: str, cells: list[float] = ()
+) -> None:
     """Record that ``notebook`` ran cleanly in ``seconds`` (in quick or full mode) on ``machine``.
+
+    ``cells``: each code cell's seconds, in order (the main command's progress bar reads them next time).
 
     Raises:
         ValueError: ``seconds`` is negative or not finite.
@@ -44,9 +48,19 @@ def record_run_time(folder: str | Path, notebook: str, *, quick: bool, seconds: 
         "seconds": round(float(seconds), 1),
         "machine": machine,
         "recorded": time.strftime("%Y-%m-%d", time.gmtime()),
+        "cells": [round(float(s), 3) for s in cells],
     }
     text = json.dumps(dict(sorted(ledger.items())), indent=1, sort_keys=True) + "\n"
     write_bytes_atomic(Path(folder) / LEDGER_NAME, text.encode("utf-8"))
+
+
+def recorded_cell_seconds(folder: str | Path, notebook: str, *, quick: bool, cells: int) -> list[float] | None:
+    """The last recorded seconds of each code cell, or None when none is recorded for exactly ``cells`` cells."""
+    entry = _read(Path(folder)).get(notebook, {}).get("quick" if quick else "full", {})
+    seconds = entry.get("cells") if isinstance(entry, dict) else None
+    if not isinstance(seconds, list) or len(seconds) != cells or not all(isinstance(s, (int, float)) for s in seconds):
+        return None  # the notebook changed since, or nothing recorded: count cells instead
+    return [max(float(s), 0.0) for s in seconds]
 
 
 def run_time_line(folder: str | Path, notebook: str) -> str | None:

@@ -28,7 +28,7 @@ from jupyter_client.kernelspec import KernelSpecManager
 from tricks_lib._atomic import write_bytes_atomic
 from tricks_lib.env import QUICK_ENV_VAR, describe
 from tricks_lib.results import NOTEBOOK_ENV_VAR, RESULTS_ENV_VAR, load_records
-from tricks_lib.run_times import record_run_time, run_time_line, stamp_run_time
+from tricks_lib.run_times import record_run_time, recorded_cell_seconds, run_time_line, stamp_run_time
 from tricks_lib.summary import NotebookStatus, write_summary_files
 from tricks_lib.timing import PROGRESS_ENV_VAR
 
@@ -220,7 +220,7 @@ def _last_line(text: str) -> str:
 
 
 def _execute(
-    nb, folder: Path, timeout: int, on_cell: Callable[[], None], on_interrupt: Callable[[], None]
+    nb, folder: Path, timeout: int, on_cell: Callable[[float], None], on_interrupt: Callable[[], None]
 ) -> tuple[int | None, str | None]:
     """Run one notebook in place; returns (failed cell index or None, error text or None).
 
@@ -249,8 +249,8 @@ def _execute(
         kernel_name=CURRENT_ENV_KERNEL,
         record_timing=False,
         resources={"metadata": {"path": str(folder)}},
-        on_cell_start=lambda cell, cell_index: state.__setitem__("running", cell_index),
-        on_cell_executed=lambda cell, cell_index, execute_reply: on_cell(),
+        on_cell_start=lambda cell, cell_index: state.update(running=cell_index, started=time.perf_counter()),
+        on_cell_executed=lambda cell, cell_index, execute_reply: on_cell(time.perf_counter() - state["started"]),
     )
     try:
         client.execute()
@@ -307,7 +307,6 @@ def run_notebooks(
     With ``refresh``, a notebook that ran cleanly and passes ``hygiene_problems`` is also written
     back in place. Records from ``tricks_lib.results.record`` land in ``out_dir/records.jsonl``.
     """
-    from tqdm.auto import tqdm
 
     out_dir.mkdir(parents=True, exist_ok=True)
     executed_dir = out_dir / "notebooks"
@@ -357,11 +356,18 @@ def run_notebooks(
                 runs.append(NotebookRun(path.stem, False, 0.0, None, f"cannot be read: {_last_line(str(err))}"))
                 continue
             n_code = sum(c.cell_type == "code" for c in nb.cells)
-            bar = tqdm(total=n_code, desc=path.stem, unit="cell", disable=not progress, leave=True)
+            # The bar advances by each cell's last recorded time, so that its estimate means something
+            # (one cell of 01 takes minutes, most take milliseconds); by cells where none is recorded.
+            weights = recorded_cell_seconds(path.parent, path.stem, quick=quick, cells=n_code)
+            cell_seconds: list[float] = []
+            bar = _progress(weights, n_code, path.stem, progress)
+
+            def on_cell(seconds: float, bar=bar, weights=weights, cell_seconds=cell_seconds) -> None:
+                bar.update(weights[len(cell_seconds)] if weights else 1)
+                cell_seconds.append(seconds)
+
             try:
-                failed_cell, error = _execute(
-                    nb, path.parent, timeout, lambda bar=bar: bar.update(1), lambda: interrupted.update(now=True)
-                )
+                failed_cell, error = _execute(nb, path.parent, timeout, on_cell, lambda: interrupted.update(now=True))
             except KeyboardInterrupt:
                 interrupted["now"], failed_cell, error = True, None, None
             finally:
@@ -381,7 +387,9 @@ def run_notebooks(
             )
             if run.ok:
                 # The ledger beside the notebooks: what the title cell's run-time line reads on --refresh.
-                record_run_time(path.parent, path.stem, quick=quick, seconds=run.seconds, machine=machine)
+                record_run_time(
+                    path.parent, path.stem, quick=quick, seconds=run.seconds, machine=machine, cells=cell_seconds
+                )
             _write_notebook(nb, executed_dir / path.name)
             if run.ok and refresh:
                 run.problems = hygiene_problems(nb)
@@ -401,6 +409,19 @@ def run_notebooks(
             else:
                 os.environ[key] = value
     return sorted(carried_runs + runs, key=lambda r: r.name) if carried_runs else runs
+
+
+def _progress(weights: list[float] | None, cells: int, name: str, enabled: bool):
+    from tqdm.auto import tqdm
+
+    if weights and sum(weights) >= 1.0:  # under a second in all: counting cells reads as well
+        total = round(sum(weights), 1)
+        return tqdm(total=total, desc=name, unit="s", disable=not enabled, leave=True, bar_format=_TIMED_BAR)
+    return tqdm(total=cells, desc=name, unit="cell", disable=not enabled, leave=True)
+
+
+# Seconds of the last recorded run done / in all, and the time left estimated from them.
+_TIMED_BAR = "{l_bar}{bar}| {n:.0f}/{total:.0f} s of the last run [{elapsed}<{remaining}]"
 
 
 def _in_main_thread() -> bool:

@@ -21,7 +21,20 @@ from torch import nn
 
 from tricks_lib._validate import check_non_negative_int, check_positive
 
-__all__ = ["SmallCNN", "ResNet", "MLP", "drop_conv_bias_before_bn", "count_parameters"]
+__all__ = [
+    "MLP",
+    "RepVGGBlock",
+    "ResNet",
+    "SmallCNN",
+    "bottleneck_net",
+    "channel_ratio_net",
+    "count_parameters",
+    "drop_conv_bias_before_bn",
+    "fragment_net",
+    "group_conv_net",
+    "hybrid_net",
+    "shufflenet_v2_probes",
+]
 
 
 def _check_positive_int(name: str, value: object) -> int:
@@ -232,3 +245,16 @@ def count_parameters(model: nn.Module, *, trainable_only: bool = True) -> int:
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
+
+
+# The model builders of the model-design and inference notebooks live in their own modules (one
+# concern each); they are models too, so they are importable from here as well.
+from tricks_lib.design_blocks import (  # noqa: E402
+    bottleneck_net,
+    channel_ratio_net,
+    fragment_net,
+    group_conv_net,
+    hybrid_net,
+    shufflenet_v2_probes,
+)
+from tricks_lib.repvgg import RepVGGBlock  # noqa: E402

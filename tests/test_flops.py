@@ -1,0 +1,80 @@
+"""count_flops against analytic counts; the ShuffleNet V2 memory access cost formula."""
+
+import pytest
+import torch
+from torch import nn
+
+from tricks_lib.flops import conv1x1_memory_access_cost, conv_memory_access_cost, count_flops, count_memory_access
+
+
+def test_conv_flops_are_two_per_multiply_add():
+    conv = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+    x = torch.randn(2, 3, 10, 12)
+    # every output element (2 * 8 * 10 * 12) is a dot product of 3 * 3 * 3 weights
+    assert count_flops(conv, x) == 2 * (2 * 8 * 10 * 12) * (3 * 3 * 3)
+
+
+def test_grouped_conv_flops_divide_by_groups():
+    conv = nn.Conv2d(8, 16, 1, groups=4, bias=False)
+    assert count_flops(conv, torch.randn(1, 8, 5, 5)) == 2 * 25 * 8 * 16 // 4
+
+
+def test_linear_flops():
+    assert count_flops(nn.Linear(7, 5), torch.randn(4, 7)) == 2 * 4 * 7 * 5
+
+
+def test_count_flops_restores_thread_count():
+    threads = torch.get_num_threads()
+    count_flops(nn.Linear(3, 3), torch.randn(2, 3))
+    count_memory_access(nn.Linear(3, 3), torch.randn(2, 3))
+    assert torch.get_num_threads() == threads
+
+
+def test_count_flops_restores_training_flag_and_needs_no_grad():
+    model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5))
+    model.train()
+    count_flops(model, torch.randn(2, 4))
+    assert model.training and all(m.training for m in model.modules())
+    model.eval()
+    count_flops(model, torch.randn(2, 4))
+    assert not model.training
+
+
+def test_count_flops_rejects_bad_arguments():
+    with pytest.raises(TypeError):
+        count_flops("model", torch.randn(1))
+    with pytest.raises(ValueError):
+        count_flops(nn.Linear(2, 2))
+    with pytest.raises(TypeError):
+        count_flops(nn.Linear(2, 2), [1.0, 2.0])
+
+
+def test_mac_formula_values():
+    # hw(c1 + c2) + c1 c2 / g
+    assert conv1x1_memory_access_cost(32, 32, 56, 56) == 56 * 56 * 64 + 32 * 32
+    assert conv1x1_memory_access_cost(64, 128, 7, 7, groups=4) == 49 * 192 + 64 * 128 // 4
+    assert conv_memory_access_cost(16, 16, 8, 8, kernel_size=3, groups=16) == 64 * 32 + 9 * 16
+
+
+def test_mac_is_smallest_at_equal_widths_for_fixed_flops():
+    # the paper's Eq. 1: for fixed c1 * c2 the MAC is minimal at c1 == c2
+    equal = conv1x1_memory_access_cost(64, 64, 28, 28)
+    assert equal < conv1x1_memory_access_cost(32, 128, 28, 28) < conv1x1_memory_access_cost(16, 256, 28, 28)
+
+
+def test_mac_rejects_bad_sizes():
+    with pytest.raises(TypeError):
+        conv1x1_memory_access_cost(32.0, 32, 56, 56)
+    with pytest.raises(ValueError):
+        conv1x1_memory_access_cost(0, 32, 56, 56)
+    with pytest.raises(ValueError):
+        conv1x1_memory_access_cost(30, 32, 56, 56, groups=4)
+
+
+def test_count_memory_access_of_a_1x1_conv_matches_the_formula():
+    conv = nn.Conv2d(16, 32, 1, groups=2, bias=False)
+    assert count_memory_access(conv, torch.randn(1, 16, 7, 9)) == conv1x1_memory_access_cost(16, 32, 7, 9, groups=2)
+    net = nn.Sequential(nn.Conv2d(4, 8, 1, bias=False), nn.ReLU(), nn.Conv2d(8, 4, 1, bias=False))
+    expected = conv1x1_memory_access_cost(4, 8, 5, 5) + conv1x1_memory_access_cost(8, 4, 5, 5)
+    assert count_memory_access(net, torch.randn(1, 4, 5, 5)) == expected  # the ReLU is not counted
+    assert not any(m._forward_hooks for m in net.modules())  # hooks removed

@@ -1,0 +1,158 @@
+"""FLOPs and memory access cost: the two proxies for speed that model-design papers argue about.
+
+* ``count_flops(module, *inputs)``: floating-point operations of one forward pass, counted by
+  ``torch.utils.flop_counter.FlopCounterMode`` (PyTorch's own counter). A multiply-add counts as
+  **2** FLOPs, so a ``Linear(i, o)`` on ``n`` rows costs ``2 * n * i * o``; papers that report
+  "FLOPs" as multiply-adds (ShuffleNet V2, MobileNet) quote half these numbers.
+* ``conv_memory_access_cost(c1, c2, h, w, kernel_size=k, groups=g)``: the memory access cost (MAC)
+  of a convolution in elements, ``hw(c1 + c2) + k^2 c1 c2 / g`` (feature maps in and out, plus the
+  weights), the model of ShuffleNet V2 (Ma et al. 2018, Eq. 1-2) that assumes every tensor is read
+  or written exactly once.
+* ``conv1x1_memory_access_cost(c1, c2, h, w, groups=1)``: the paper's formula for 1x1 convolutions,
+  ``hw(c1 + c2) + c1 c2 / g``.
+* ``count_memory_access(module, *inputs)``: the same model summed over a whole network's convolution
+  and linear layers in one forward pass (input, output and weights of each, measured with hooks).
+
+Both counters run their forward pass on one intra-op thread (restored afterwards): the counts do not
+depend on it, and on a busy machine two threads spend far longer synchronizing than computing.
+
+Only convolutions, matmuls and a few other ops are counted by ``FlopCounterMode``: element-wise ops
+(ReLU, additions, BatchNorm in eval mode) count zero, which is exactly the blind spot guideline G4
+of ShuffleNet V2 is about.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+__all__ = ["conv1x1_memory_access_cost", "conv_memory_access_cost", "count_flops", "count_memory_access"]
+
+
+def _check_forward_args(module: object, inputs: tuple) -> None:
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"module must be an nn.Module, got {type(module).__name__}")
+    if not inputs:
+        raise ValueError("pass the forward's inputs too, e.g. count_flops(model, torch.randn(1, 3, 224, 224))")
+    for i, x in enumerate(inputs):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"inputs[{i}] must be a tensor, got {type(x).__name__}")
+
+
+@contextlib.contextmanager
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def count_flops(module: nn.Module, *inputs: torch.Tensor) -> int:
+    """FLOPs of one forward pass of ``module(*inputs)``, in eval mode and without autograd.
+
+    A multiply-add is 2 FLOPs. Fused kernels without a registered formula count 0: on a CPU that
+    includes ``nn.MultiheadAttention``'s fast path and ``scaled_dot_product_attention`` (torch 2.14),
+    so write attention as matmuls where its FLOPs matter. The module's training flag is restored afterwards, so counting never
+    changes how a model later trains.
+
+    Args:
+        module: the model or layer.
+        *inputs: the tensors passed to its forward (at least one).
+
+    Returns:
+        The total FLOP count as an int.
+
+    Raises:
+        TypeError: ``module`` is not an ``nn.Module`` or an input is not a tensor.
+        ValueError: no input was given.
+    """
+    _check_forward_args(module, inputs)
+    was_training = module.training
+    module.eval()
+    try:
+        counter = FlopCounterMode(display=False)
+        with torch.no_grad(), _one_thread(), counter:
+            module(*inputs)
+    finally:
+        module.train(was_training)
+    return int(counter.get_total_flops())
+
+
+def _check_size(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be a whole number, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be at least 1, got {value}")
+    return value
+
+
+def conv_memory_access_cost(c1: int, c2: int, h: int, w: int, *, kernel_size: int = 1, groups: int = 1) -> int:
+    """Memory access cost of a stride-1 ``k x k`` convolution in elements: ``hw(c1 + c2) + k^2 c1 c2 / g``.
+
+    ``hw c1`` elements read (input), ``hw c2`` written (output), ``k^2 c1 c2 / g`` weights read: every
+    tensor touched once, as if the cache held them all (the model of ShuffleNet V2, Eq. 1-2).
+
+    Args:
+        c1, c2: input and output channels.
+        h, w: spatial size of the feature map.
+        kernel_size: side of the square kernel (1 for the paper's pointwise case).
+        groups: convolution groups; must divide both ``c1`` and ``c2``.
+
+    Returns:
+        The number of elements moved, as an int.
+
+    Raises:
+        TypeError: a size is not an int.
+        ValueError: a size below 1, or ``groups`` not dividing ``c1`` and ``c2``.
+    """
+    for name, value in (("c1", c1), ("c2", c2), ("h", h), ("w", w), ("kernel_size", kernel_size), ("groups", groups)):
+        _check_size(value, name)
+    if c1 % groups or c2 % groups:
+        raise ValueError(f"groups={groups} must divide both c1={c1} and c2={c2}")
+    return h * w * (c1 + c2) + kernel_size * kernel_size * c1 * c2 // groups
+
+
+def conv1x1_memory_access_cost(c1: int, c2: int, h: int, w: int, groups: int = 1) -> int:
+    """ShuffleNet V2's MAC of a 1x1 convolution in elements: ``hw(c1 + c2) + c1 c2 / g``.
+
+    Raises:
+        TypeError / ValueError: as ``conv_memory_access_cost``.
+    """
+    return conv_memory_access_cost(c1, c2, h, w, kernel_size=1, groups=groups)
+
+
+def count_memory_access(module: nn.Module, *inputs: torch.Tensor) -> int:
+    """Elements moved by the ``Conv2d`` and ``Linear`` layers of one forward pass, by ShuffleNet V2's model.
+
+    Each such layer reads its input and its weights (and bias) once and writes its output once; the
+    sum over layers is the network's MAC in the paper's sense. Element-wise layers (ReLU, additions,
+    BatchNorm) are not counted, as in the paper's formula; run in eval mode without autograd, with
+    the training flag restored afterwards.
+
+    Raises:
+        TypeError / ValueError: as ``count_flops``.
+    """
+    _check_forward_args(module, inputs)
+    total = 0
+
+    def hook(layer: nn.Module, args: tuple, output: torch.Tensor) -> None:
+        nonlocal total
+        total += args[0].numel() + output.numel() + sum(p.numel() for p in layer.parameters(recurse=False))
+
+    layers = [m for m in module.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+    handles = [m.register_forward_hook(hook) for m in layers]
+    was_training = module.training
+    module.eval()
+    try:
+        with torch.no_grad(), _one_thread():
+            module(*inputs)
+    finally:
+        module.train(was_training)
+        for handle in handles:
+            handle.remove()
+    return total

@@ -253,3 +253,131 @@ def test_an_lmdb_entry_that_is_missing_raises_key_error_not_none(tmp_path):
     assert ds[1]["jpg"] == make(4)[1]["jpg"]
     with pytest.raises(KeyError, match="'k002' has no 'jpg'"):
         ds[2]
+
+
+# ---------------------------------------------------------------- HDF5 bit flips (issue 11, item 6)
+# Run in a subprocess that forks one child per flipped file, each under a memory limit and an alarm,
+# so a hang, a runaway allocation or a crash (SIGSEGV, seen with the variable-length layout) fails
+# the test instead of the suite. Each child reports how its read ended.
+_FLIP_CHILD = r"""
+import json, os, resource, signal, sys
+from tricks_lib.data.containers import Hdf5Dataset
+from tricks_lib.data.tar_format import ShardError
+
+source, flips = sys.argv[1], json.loads(sys.argv[2])
+original = open(source, "rb").read()
+expected = [Hdf5Dataset(source)[i] for i in range(len(Hdf5Dataset(source)))]
+outcomes = []
+for pos, mask in flips:
+    damaged = bytearray(original)
+    damaged[pos] ^= mask
+    target = source + ".flipped"
+    open(target, "wb").write(bytes(damaged))
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))  # after the imports (OpenBLAS)
+        signal.alarm(10)
+        try:
+            ds = Hdf5Dataset(target)
+            outcome = "same" if [ds[i] for i in range(len(ds))] == expected else "other samples"
+        except ShardError:
+            outcome = "ShardError"
+        except BaseException as err:
+            outcome = type(err).__name__ + ": " + str(err)[:120]
+        os.write(write_end, outcome.encode())
+        os._exit(0)
+    os.close(write_end)
+    _, status = os.waitpid(pid, 0)
+    outcome = os.read(read_end, 400).decode()
+    os.close(read_end)
+    if not outcome:
+        outcome = f"killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit {status}"
+    outcomes.append([pos, mask, outcome])
+print(json.dumps(outcomes))
+"""
+
+
+def _flip_outcomes(path, flips, timeout):
+    import json
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", _FLIP_CHILD, str(path), json.dumps(flips)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_hdf5_bit_flips_in_shapes_and_offsets_raise_never_hang(tmp_path):
+    import struct
+
+    samples = make(12)
+    path = write_hdf5(samples, tmp_path / "data.h5")
+    data = path.read_bytes()
+    # The stored dimensions (12 samples, 13 offsets) and a byte of sample data: a flip in a shape's
+    # high bytes made the reader of the variable-length layout allocate 2**39 elements.
+    flips = []
+    for value in (12, 13):
+        at = data.find(struct.pack("<Q", value))
+        while at != -1:
+            flips += [[at, 0x10], [at + 4, 0x80]]
+            at = data.find(struct.pack("<Q", value), at + 1)
+    flips.append([data.find(samples[11]["jpg"]) + 3, 0x01])
+    assert len(flips) >= 5
+    outcomes = _flip_outcomes(path, flips, timeout=240)
+    bad = [o for o in outcomes if o[2] not in ("ShardError", "same")]
+    assert not bad, bad
+    assert outcomes[-1][2] == "ShardError"  # a data byte: the chunk's Fletcher-32 catches it
+
+
+@pytest.mark.slow
+def test_hdf5_bit_flips_across_the_file_read_right_or_raise(tmp_path):
+    # Every 7th byte (about 1,300 flips, a minute on 2 busy cores; every 2nd byte passed too, in 4 min).
+    path = write_hdf5(make(12), tmp_path / "data.h5")
+    flips = [[pos, 0x10] for pos in range(0, path.stat().st_size, 7)]
+    outcomes = _flip_outcomes(path, flips, timeout=900)
+    bad = [o for o in outcomes if o[2] not in ("ShardError", "same")]
+    assert not bad, bad[:10]
+
+
+def test_hdf5_of_another_layout_gets_a_clear_message(tmp_path):
+    import h5py
+
+    from tricks_lib.data import ShardError
+
+    with h5py.File(tmp_path / "old.h5", "w") as h5:
+        h5.create_dataset("keys", data=[b"a"], dtype=h5py.string_dtype())
+    with pytest.raises(ShardError, match="write_hdf5's layout"):
+        Hdf5Dataset(tmp_path / "old.h5")
+
+
+@pytest.mark.parametrize("damage", ["count too large", "count off by one", "offsets decrease", "offsets past data"])
+def test_hdf5_shapes_and_offsets_are_checked_before_reading(tmp_path, damage):
+    """In-process: a well-formed file whose recorded count, shapes or offsets disagree is refused
+    before any sample is read (with a corrupt shape, that read was unbounded)."""
+    import h5py
+
+    from tricks_lib.data import ShardError
+
+    path = write_hdf5(make(12), tmp_path / "data.h5")
+    with h5py.File(path, "r+") as h5:
+        offsets = h5["fields/jpg/offsets"]
+        if damage == "count too large":
+            h5.attrs["count"] = 1 << 40
+        elif damage == "count off by one":
+            h5.attrs["count"] = 11
+        elif damage == "offsets decrease":
+            offsets[5] = offsets[7] + 1
+        else:
+            offsets[12] = offsets[12] + 1
+    with pytest.raises(ShardError, match="damaged"):
+        Hdf5Dataset(path)

@@ -1,10 +1,15 @@
 """Tests for tricks_lib.data.shards: exactly-once splitting, atomic writes, corrupt shards, interop."""
 
 import collections
+import dataclasses
+import errno
+import glob
 import io
 import os
+import shutil
 import tarfile
 import types
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -12,7 +17,15 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 from tricks_lib.data import shards as shards_mod
-from tricks_lib.data.shards import ShardError, TarShardDataset, index_tar_shard, write_tar_shards
+from tricks_lib.data.shards import (
+    ShardError,
+    TarShardDataset,
+    index_file_path,
+    index_tar_shard,
+    load_shard_index,
+    write_index_file,
+    write_tar_shards,
+)
 
 
 def make(n, payload=b"x"):
@@ -126,7 +139,8 @@ def test_interrupted_write_leaves_no_partial_shard(tmp_path, exc, failing_bytes)
     samples[6]["bin"] = failing_bytes(b"boom", exc)
     with pytest.raises(exc):
         write_tar_shards(samples, tmp_path, samples_per_shard=4)
-    assert sorted(os.listdir(tmp_path)) == ["shard-000000.tar"]  # complete shard only, no temp file
+    # the complete shard and its index file only, no temporary file
+    assert sorted(os.listdir(tmp_path)) == [".shard-000000.tar.idx", "shard-000000.tar"]
     assert len(index_tar_shard(tmp_path / "shard-000000.tar")) == 4
 
 
@@ -322,3 +336,176 @@ def test_uneven_must_be_a_known_mode(tmp_path):
     paths = write_tar_shards(make(4), tmp_path, samples_per_shard=4)
     with pytest.raises(ValueError, match="uneven must be"):
         TarShardDataset(paths, uneven="repeat")
+
+
+# ------------------------------------------------------------------------- index files (item 13)
+def same_index(a, b):
+    """Two ShardIndex objects describe the same samples at the same places."""
+    arrays = ("member_first", "member_ext", "member_start", "data_offsets", "sizes", "header_fields")
+    plain = ("keys", "offsets", "end", "size", "identity", "exts")
+    return all(getattr(a, f) == getattr(b, f) for f in plain) and all(
+        (getattr(a, f) == getattr(b, f)).all() for f in arrays
+    )
+
+
+def sources(ds):
+    return [ix.source for ix in ds.indexes]
+
+
+def test_the_writer_keeps_a_hidden_index_file_that_the_dataset_uses(tmp_path):
+    samples = make(10)
+    paths = write_tar_shards(samples, tmp_path, samples_per_shard=4)
+    assert all(index_file_path(p).is_file() and index_file_path(p).name == f".{p.name}.idx" for p in paths)
+    ds = TarShardDataset(paths)
+    assert sources(ds) == ["index file"] * 3 and list(ds) == samples
+    assert all(same_index(ix, index_tar_shard(p)) for ix, p in zip(ds.indexes, paths))
+    # no listing of shards sees the index files: the writer's pattern, glob("*"), webdataset given it
+    assert sorted(tmp_path.glob("shard-*.tar")) == paths == sorted(map(Path, glob.glob(f"{tmp_path}/*")))
+    wds = pytest.importorskip("webdataset")
+    got = list(wds.WebDataset(sorted(glob.glob(f"{tmp_path}/*")), shardshuffle=False, empty_check=False))
+    assert [s["__key__"] for s in got] == [s["__key__"] for s in samples]
+
+
+def test_a_missing_index_file_is_rebuilt(tmp_path):
+    samples = make(10)
+    paths = write_tar_shards(samples, tmp_path, samples_per_shard=4)
+    index_file_path(paths[1]).unlink()
+    ds = TarShardDataset(paths)
+    assert sources(ds) == ["index file", "headers", "index file"] and list(ds) == samples
+    assert index_file_path(paths[1]).is_file()  # written again: the next construction uses it
+    assert sources(TarShardDataset(paths)) == ["index file"] * 3
+
+
+def test_an_index_file_of_another_shard_is_not_used(tmp_path):
+    samples = make(10)
+    paths = write_tar_shards(samples, tmp_path, samples_per_shard=4)
+    shutil.copy(index_file_path(paths[1]), index_file_path(paths[0]))
+    ds = TarShardDataset(paths)
+    assert sources(ds) == ["headers", "index file", "index file"] and list(ds) == samples
+    assert same_index(load_shard_index(paths[0]), index_tar_shard(paths[0]))  # repaired on disk
+
+
+@pytest.mark.parametrize("damage", ["empty", "head", "half", "last byte", "flipped bit"])
+def test_a_damaged_index_file_is_rebuilt_never_trusted(tmp_path, damage):
+    samples = make(10)
+    paths = write_tar_shards(samples, tmp_path, samples_per_shard=10)
+    sidecar = index_file_path(paths[0])
+    data = bytearray(sidecar.read_bytes())
+    if damage == "flipped bit":
+        data[len(data) // 2] ^= 0x04
+    else:
+        data = data[: {"empty": 0, "head": 20, "half": len(data) // 2, "last byte": len(data) - 1}[damage]]
+    sidecar.write_bytes(bytes(data))
+    ds = TarShardDataset(paths)
+    assert sources(ds) == ["headers"] and list(ds) == samples
+
+
+def rewrite_with_sizes_swapped(path, samples, i, j):
+    """Rewrite ``path`` in place with the sizes of samples i and j swapped (the same file size, other
+    offsets) and its old mtime restored; returns the new samples."""
+    stat = path.stat()
+    new = [dict(s) for s in samples]
+    new[i]["bin"], new[j]["bin"] = samples[j]["bin"][:1] * len(samples[j]["bin"]), samples[i]["bin"]
+    scratch = write_tar_shards(new, path.parent / "scratch", samples_per_shard=len(new))[0]
+    assert scratch.stat().st_size == stat.st_size
+    with open(path, "r+b") as f:  # in place: same inode
+        f.write(scratch.read_bytes())
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    return new
+
+
+def sized_samples():
+    # 600 bytes take two blocks, 100 bytes one: swapping them moves the headers in between
+    return [{"__key__": f"s{i:04d}", "bin": bytes([i]) * (600 if i == 2 else 100)} for i in range(6)]
+
+
+def test_a_shard_rewritten_with_its_size_and_mtime_gets_a_new_index(tmp_path):
+    samples = sized_samples()
+    (path,) = write_tar_shards(samples, tmp_path, samples_per_shard=6)
+    old = load_shard_index(path)
+    new = rewrite_with_sizes_swapped(path, samples, 2, 4)
+    assert (path.stat().st_size, path.stat().st_mtime_ns) == (old.size, old.mtime_ns)
+    ds = TarShardDataset([path])
+    assert sources(ds) == ["headers"] and list(ds) == new  # the ctime (identity) changed: rebuilt
+
+
+def test_a_stale_index_with_a_matching_identity_raises_instead_of_altering_samples(tmp_path):
+    """The identity (size, mtime, device, inode, ctime) can collide: ctime ticks are coarse. Forge
+    that collision: an index file of the old layout stamped with the rewritten file's identity."""
+    samples = sized_samples()
+    (path,) = write_tar_shards(samples, tmp_path, samples_per_shard=6)
+    old = load_shard_index(path)
+    rewrite_with_sizes_swapped(path, samples, 2, 4)  # first and last samples keep their headers
+    stat = path.stat()
+    identity = (stat.st_size, stat.st_mtime_ns, stat.st_dev, stat.st_ino, stat.st_ctime_ns)
+    forged = dataclasses.replace(old, identity=identity)
+    assert write_index_file(forged) is not None
+    ds = TarShardDataset([path])
+    assert sources(ds) == ["index file"]  # it passed the checks at construction ...
+    with pytest.raises(ShardError, match="differs from the shard's index") as err:
+        list(ds)  # ... but no read returns bytes from the old layout
+    assert err.value.offset == old.offsets[2]  # sample 2, whose size changed
+    # the same for an index built in memory and a file that changed afterwards
+    ds.indexes = (dataclasses.replace(old, identity=identity, source="headers"),)
+    with pytest.raises(ShardError, match="differs from the shard's index"):
+        list(ds)
+
+
+def test_an_index_file_that_disagrees_with_the_last_header_is_rebuilt(tmp_path):
+    samples = make(5)
+    (path,) = write_tar_shards(samples, tmp_path, samples_per_shard=5)
+    index = load_shard_index(path)
+    sizes = index.sizes.copy()
+    sizes[-1] += 1  # a consistent-looking layout that the shard's last header contradicts
+    write_index_file(dataclasses.replace(index, sizes=sizes))
+    ds = TarShardDataset([path])
+    assert sources(ds) == ["headers"] and list(ds) == samples
+
+
+def test_a_read_only_folder_indexes_in_memory(tmp_path, monkeypatch):
+    samples = make(6)
+    paths = write_tar_shards(samples, tmp_path, samples_per_shard=3)
+    index_file_path(paths[0]).unlink()
+
+    def refuse(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(os, "replace", refuse)  # root ignores chmod: refuse the rename itself
+    ds = TarShardDataset(paths)
+    assert sources(ds) == ["headers", "index file"] and list(ds) == samples
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".shard-000001.tar.idx", *(p.name for p in paths)]
+    monkeypatch.undo()
+    if os.geteuid() != 0:  # a real read-only folder, where permissions apply
+        tmp_path.chmod(0o555)
+        try:
+            assert list(TarShardDataset(paths)) == samples
+        finally:
+            tmp_path.chmod(0o755)
+
+
+def test_index_files_false_reads_headers_and_writes_nothing(tmp_path):
+    samples = make(6)
+    paths = write_tar_shards(samples, tmp_path, samples_per_shard=3)
+    for p in paths:
+        index_file_path(p).unlink()
+    ds = TarShardDataset(paths, index_files=False)
+    assert sources(ds) == ["headers", "headers"] and list(ds) == samples
+    assert not any(index_file_path(p).exists() for p in paths)
+    with pytest.raises(TypeError, match="index_files"):
+        TarShardDataset(paths, index_files=1)
+
+
+def test_a_rewrite_with_fewer_shards_removes_their_index_files(tmp_path):
+    write_tar_shards(make(10), tmp_path, samples_per_shard=2)  # 5 shards
+    paths = write_tar_shards(make(4), tmp_path, samples_per_shard=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [p.name for p in paths] + [index_file_path(p).name for p in paths]
+    )
+
+
+def test_index_files_survive_dataloader_workers(tmp_path):
+    samples = make(23)
+    paths = write_tar_shards(samples, tmp_path, samples_per_shard=5)
+    ds = TarShardDataset(paths)
+    got = [s["__key__"] for s in DataLoader(ds, batch_size=None, num_workers=2)]
+    assert sorted(got) == [s["__key__"] for s in samples]

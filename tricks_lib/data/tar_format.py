@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["BLOCK", "ShardError", "iter_members"]
+__all__ = ["BLOCK", "ShardError", "check_zero_tail", "iter_members", "read_member"]
 
 BLOCK = 512
 ZERO_BLOCK = bytes(BLOCK)
@@ -56,7 +56,7 @@ def _header_ok(block: bytes) -> bool:
 _CHUNK = 1 << 20
 
 
-def _check_zero_tail(f, shard: Path, offset: int, file_size: int) -> None:
+def check_zero_tail(f, shard: Path, offset: int, file_size: int) -> None:
     """After the first end-of-archive block, everything up to the end of the file must be zero.
 
     GNU tar's "lone zero block" check: a zeroed sector or a zero-filled gap inside an archive, and a
@@ -91,16 +91,20 @@ def _pax_records(data: bytes) -> dict[str, str]:
     return records
 
 
-def iter_members(f, shard: Path, file_size: int) -> Iterator[tuple[int, str, int, int]]:
-    """Yield ``(start_offset, name, data_offset, size)`` of every regular file of the archive ``f``.
+def read_member(f, shard: Path, offset: int, file_size: int) -> tuple[bytes, str, int, int, bytes, int] | None:
+    """Parse the header chain (pax/GNU long-name headers, then the member's header) that starts at ``offset``.
 
-    ``start_offset`` is where the member's header chain (pax/GNU long-name headers included)
-    begins, ``data_offset`` where its ``size`` bytes of data begin; the data is not read. Stops at the
-    end-of-archive marker, after checking that only zeros follow it; raises ShardError on any defect.
+    Returns:
+        None if the block at ``offset`` is a zero block (the end-of-archive marker), else ``(kind, name,
+        data_offset, size, fields, next_offset)``: the member's type flag, its name, where its data
+        begins, its size, bytes 124:156 of its last header (size, mtime and checksum fields, which a
+        reader by offsets compares to notice a changed file) and where the next header begins. The
+        data is not read.
+    Raises:
+        ShardError: a truncated or corrupt header or member, or an end marker inside a header chain.
     """
-    offset = 0
     f.seek(offset)
-    chain_start, long_name, pax = None, None, {}
+    chain, long_name, pax = offset, None, {}
     while True:
         block = f.read(BLOCK)
         if not block:
@@ -108,17 +112,11 @@ def iter_members(f, shard: Path, file_size: int) -> Iterator[tuple[int, str, int
         if len(block) < BLOCK:
             raise ShardError(shard, offset, f"truncated header ({len(block)} of {BLOCK} bytes)")
         if block == ZERO_BLOCK:
-            if chain_start is not None:
+            if offset != chain:
                 raise ShardError(shard, offset, "unexpected end-of-archive marker")
-            if offset == 0:
-                raise ShardError(shard, 0, "no members: the file starts with an end-of-archive (zero) block")
-            _check_zero_tail(f, shard, offset + BLOCK, file_size)
-            f.seek(offset + BLOCK)
-            return
+            return None
         if not _header_ok(block):
             raise ShardError(shard, offset, "corrupt header (checksum mismatch)")
-        if chain_start is None:
-            chain_start = offset
         kind = block[156:157]
         size = int(pax.get("size", _octal(block[124:136])))
         data_start = offset + BLOCK
@@ -130,15 +128,13 @@ def iter_members(f, shard: Path, file_size: int) -> Iterator[tuple[int, str, int
                 f"truncated member data ({size} bytes declared, {max(0, file_size - data_start)} present)",
             )
         # Only the metadata members' data is read (pax records, GNU long names); samples' data is not.
-        data = f.read(size) if kind in (b"x", b"L", b"g", b"K") else None
-        f.seek(offset)
-        if kind == b"x":
-            pax = _pax_records(data)
-            continue
-        if kind == b"L":
-            long_name = data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-            continue
-        if kind in (b"g", b"K"):
+        if kind in (b"x", b"L", b"g", b"K"):
+            data = f.read(size)
+            f.seek(offset)
+            if kind == b"x":
+                pax = _pax_records(data)
+            elif kind == b"L":
+                long_name = data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
             continue
         name = pax.get("path") or long_name
         if name is None:
@@ -146,9 +142,30 @@ def iter_members(f, shard: Path, file_size: int) -> Iterator[tuple[int, str, int
             prefix = block[345:500].split(b"\0", 1)[0]
             if block[257:263] == b"ustar\0" and prefix:
                 name = prefix.decode("utf-8", "surrogateescape") + "/" + name
-        start, chain_start, long_name, pax = chain_start, None, None, {}
-        if kind == b"5":
-            continue  # directory entries carry no sample data
-        if kind not in (b"0", b"\0", b"7"):
-            raise ShardError(shard, start, f"unsupported member type {kind!r} for {name!r}")
-        yield start, name, data_start, size
+        return kind, name, data_start, size, block[124:156], offset
+
+
+def iter_members(f, shard: Path, file_size: int) -> Iterator[tuple[int, str, int, int, bytes]]:
+    """Yield ``(start_offset, name, data_offset, size, fields)`` of every regular file of the archive ``f``.
+
+    ``start_offset`` is where the member's header chain (pax/GNU long-name headers included)
+    begins, ``data_offset`` where its ``size`` bytes of data begin (the data is not read); ``fields``
+    are bytes 124:156 of its last header (see :func:`read_member`). Stops at the end-of-archive
+    marker, after checking that only zeros follow it, with ``f`` positioned just after the marker's
+    first block; raises ShardError on any defect.
+    """
+    offset = 0
+    while True:
+        member = read_member(f, shard, offset, file_size)
+        if member is None:
+            if offset == 0:
+                raise ShardError(shard, 0, "no members: the file starts with an end-of-archive (zero) block")
+            check_zero_tail(f, shard, offset + BLOCK, file_size)
+            f.seek(offset + BLOCK)
+            return
+        kind, name, data_start, size, fields, next_offset = member
+        if kind not in (b"5", b"0", b"\0", b"7"):  # directory entries (5) carry no sample data
+            raise ShardError(shard, offset, f"unsupported member type {kind!r} for {name!r}")
+        if kind != b"5":
+            yield offset, name, data_start, size, fields
+        offset = next_offset

@@ -10,6 +10,7 @@ from tricks_lib.design_blocks import (
     channel_ratio_net,
     fragment_net,
     group_conv_net,
+    paper_throughput_ratios,
     probe_input,
     ratio_channels,
     shufflenet_v2_probes,
@@ -97,7 +98,7 @@ def test_trend_against_paper():
     assert trend_against_paper(0.75, _row(0.9, True)) == "weaker"
     assert trend_against_paper(0.75, _row(1.2, True)) == "inverts"
     assert trend_against_paper(1.2, _row(1.3, True)) == "holds"
-    assert trend_against_paper(0.75, _row(0.6, False)) == "no measurable effect"
+    assert trend_against_paper(0.75, _row(0.6, False)) == "not significant here"
     with pytest.raises(ValueError):
         trend_against_paper(1.0, _row(0.6, True))
     with pytest.raises(TypeError):
@@ -134,3 +135,15 @@ def test_hybrid_net_rejects_bad_layouts():
         hybrid_net(("conv", 1), mid=8)
     with pytest.raises(ValueError):
         hybrid_net((("conv", 1), ("conv", 1)), mid=8, widths=(30, 64))
+
+
+def test_paper_throughput_ratios():
+    gpu, arm = paper_throughput_ratios("G1", "1:12", 1)
+    assert gpu == pytest.approx(748 / 1480) and arm == pytest.approx(57.6 / 76.2)
+    assert paper_throughput_ratios("G2", "g=1", 4) == (1.0, 1.0)
+    with pytest.raises(KeyError):
+        paper_throughput_ratios("G5", "g=1", 1)
+    with pytest.raises(KeyError):
+        paper_throughput_ratios("G2", "g=3", 1)
+    with pytest.raises(ValueError):
+        paper_throughput_ratios("G2", "g=2", 3)

@@ -24,6 +24,7 @@ from tricks_lib._validate import check_non_negative_int, check_positive
 __all__ = [
     "MLP",
     "RepVGGBlock",
+    "make_airbench94",
     "ResNet",
     "SmallCNN",
     "bottleneck_net",
@@ -247,8 +248,9 @@ def count_parameters(model: nn.Module, *, trainable_only: bool = True) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
 
 
-# The model builders of the model-design and inference notebooks live in their own modules (one
+# The model builders of the model-design, inference and capstone notebooks live in their own modules (one
 # concern each); they are models too, so they are importable from here as well.
+from tricks_lib.airbench import make_airbench94  # noqa: E402
 from tricks_lib.design_blocks import (  # noqa: E402
     bottleneck_net,
     channel_ratio_net,

@@ -1,0 +1,84 @@
+import pytest
+import torch
+
+from tricks_lib.airbench import AIRBENCH94_WIDTHS, airbench94_parameter_count, init_whitening, make_airbench94
+from tricks_lib.models import count_parameters
+
+
+def published_airbench94_count():
+    """airbench94.py's make_net(), layer by layer: whitening conv 3->24 (2x2, bias), three ConvGroups
+    (conv3x3 c_in->c_out, conv3x3 c_out->c_out, two BatchNorms with weight and bias), Linear 256->10 (no bias)."""
+    whiten = 24 * 3 * 2 * 2 + 24
+    groups = 0
+    for c_in, c_out in ((24, 64), (64, 256), (256, 256)):
+        groups += c_in * c_out * 9 + c_out * c_out * 9 + 2 * (c_out + c_out)
+    return whiten + groups + 256 * 10
+
+
+def test_forward_shape_and_intermediate_sizes():
+    net = make_airbench94(0.125)
+    x = torch.randn(3, 3, 32, 32)
+    assert net(x).shape == (3, 10)
+    assert net[0](x).shape == (3, 24, 31, 31)  # 2x2 whitening conv, no padding
+    h = net[1](net[0](x))
+    sizes = []
+    for group in list(net)[2:5]:
+        h = group(h)
+        sizes.append(tuple(h.shape[1:]))
+    assert sizes == [(8, 15, 15), (32, 7, 7), (32, 3, 3)]
+
+
+def test_parameter_count_matches_the_published_definition():
+    assert published_airbench94_count() == 1_972_792  # airbench's "1.97M parameters"
+    assert count_parameters(make_airbench94(), trainable_only=False) == published_airbench94_count()
+    assert airbench94_parameter_count() == published_airbench94_count()
+    small = make_airbench94(0.25)
+    assert small.widths == tuple(w // 4 for w in AIRBENCH94_WIDTHS)
+    assert count_parameters(small, trainable_only=False) == airbench94_parameter_count(0.25)
+
+
+def test_frozen_parameters_follow_the_flags():
+    frozen = make_airbench94(0.125)
+    assert not frozen.whiten.weight.requires_grad and frozen.whiten.bias.requires_grad
+    assert not frozen[2].norm1.weight.requires_grad and frozen[2].norm1.bias.requires_grad
+    free = make_airbench94(0.125, frozen_bn_scales=False, frozen_whitening=False)
+    assert all(p.requires_grad for p in free.parameters())
+    assert count_parameters(free) - count_parameters(frozen) == 24 * 3 * 4 + 2 * (8 + 32 + 32)
+
+
+def test_output_is_scaled_by_one_ninth():
+    net = make_airbench94(0.125).eval()
+    x = torch.randn(2, 3, 32, 32)
+    unscaled = torch.nn.Sequential(*list(net))(x)
+    torch.testing.assert_close(net(x), unscaled / 9)
+
+
+def test_convs_start_as_identity_on_their_first_channels():
+    conv = make_airbench94(0.125)[2].conv1  # 24 -> 8 channels: dirac on 8 filters
+    x = torch.randn(1, 24, 9, 9)
+    torch.testing.assert_close(conv(x)[:, :8], x[:, :8])
+
+
+def test_whitening_decorrelates_patches():
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(64, 1, 16, 16, generator=g)
+    images = torch.cat(
+        [base, 0.5 * base + 0.1 * torch.randn(64, 1, 16, 16, generator=g), torch.randn(64, 1, 16, 16, generator=g)], 1
+    )
+    layer = make_airbench94(0.125).whiten
+    init_whitening(layer, images, eps=1e-6)
+    with torch.no_grad():
+        out = torch.nn.functional.conv2d(images, layer.weight[:12])  # (64, 12, 15, 15) without bias
+    flat = out.permute(1, 0, 2, 3).reshape(12, -1)
+    covariance = flat @ flat.T / flat.shape[1]
+    torch.testing.assert_close(covariance, torch.eye(12), atol=2e-2, rtol=0)
+    torch.testing.assert_close(layer.weight[12:], -layer.weight[:12])
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError):
+        make_airbench94(0)
+    with pytest.raises(TypeError):
+        make_airbench94("wide")
+    with pytest.raises(ValueError):
+        init_whitening(make_airbench94(0.125).whiten, torch.randn(2, 1, 8, 8))

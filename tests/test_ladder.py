@@ -1,0 +1,169 @@
+import dataclasses
+
+import pytest
+import torch
+
+from tricks_lib.ladder import (
+    ImageData,
+    Ladder,
+    LadderConfig,
+    Rung,
+    RungResult,
+    TargetTrace,
+    TrainingRun,
+    _cumulative,
+    augment_batch,
+    lr_factor,
+    run_ladder,
+    run_to_target,
+    train_to_target,
+)
+
+
+def fake_run(accuracies, target, seconds_per_epoch=1.0, seed=0):
+    calls = []
+    sequence = iter(accuracies)
+    trace = run_to_target(calls.append, lambda: next(sequence), epochs=len(accuracies), target=target, device="cpu")
+    return trace, calls
+
+
+def test_stops_at_the_first_evaluation_at_or_above_the_target():
+    trace, calls = fake_run([0.2, 0.5, 0.8, 0.9, 0.95], target=0.8)
+    assert calls == [0, 1, 2]  # three epochs trained, then stopped
+    assert trace.accuracies == (0.2, 0.5, 0.8)  # 0.8 counts: "at or above"
+    assert trace.epochs_to_target == 3
+    assert trace.time_to_target == trace.elapsed[2]
+    assert list(trace.elapsed) == sorted(trace.elapsed)
+
+
+def test_never_reaching_the_target_runs_the_whole_schedule():
+    trace, calls = fake_run([0.2, 0.5, 0.7], target=0.8)
+    assert calls == [0, 1, 2]
+    assert trace.epochs_to_target is None and trace.time_to_target is None
+
+
+def test_without_stopping_the_first_time_at_the_target_is_kept():
+    calls, seq = [], iter([0.1, 0.9, 0.3, 0.95])
+    trace = run_to_target(calls.append, lambda: next(seq), epochs=4, target=0.85, stop_at_target=False,
+                          setup_seconds=5.0, device="cpu")  # fmt: skip
+    assert calls == [0, 1, 2, 3]
+    assert trace.epochs_to_target == 2
+    assert trace.elapsed[0] >= 5.0  # setup counts in the time to target
+
+
+def tiny_data(n_train=64, n_test=32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    images = torch.randint(0, 256, (n_train + n_test, 3, 32, 32), dtype=torch.uint8, generator=g)
+    labels = torch.randint(0, 10, (n_train + n_test,), generator=g)
+    return ImageData(
+        "random", images[:n_train], labels[:n_train], images[n_train:], labels[n_train:], tuple("abcdefghij")
+    )
+
+
+TINY = LadderConfig(width=0.0625, epochs=1, target=1.0, batch_size=16, base_batch_size=16, eval_batch_size=32,
+                    on_device_data=True)  # fmt: skip
+
+
+def test_a_rung_is_the_same_training_function_with_one_option_changed():
+    data = tiny_data()
+    base = train_to_target(TINY, data, seed=3, device="cpu", stop_at_target=False)
+    again = train_to_target(TINY, data, seed=3, device="cpu", stop_at_target=False)
+    foreach = train_to_target(dataclasses.replace(TINY, optimizer_impl="foreach"), data, seed=3, device="cpu",
+                              stop_at_target=False)  # fmt: skip
+    smoothed = train_to_target(dataclasses.replace(TINY, label_smoothing=0.2), data, seed=3, device="cpu",
+                               stop_at_target=False)  # fmt: skip
+    assert base.trace.accuracies == again.trace.accuracies  # seeded: the same run twice
+    assert foreach.trace.accuracies == base.trace.accuracies  # same math, another optimizer implementation
+    assert foreach.saved_bytes == base.saved_bytes
+    assert smoothed.saved_bytes == base.saved_bytes and len(smoothed.trace.accuracies) == TINY.epochs
+    assert base.compile_seconds is None and base.images_per_second > 0
+
+
+def test_rungs_stack_one_change_at_a_time_and_skipped_rungs_change_nothing():
+    rungs = [Rung("baseline"), Rung("+ cl", {"channels_last": True}), Rung("+ fp16", {"autocast_dtype": torch.float16},
+             skip_reason="CUDA only"), Rung("+ smoothing", {"label_smoothing": 0.2})]  # fmt: skip
+    configs = _cumulative(TINY, rungs)
+    assert configs[0] == TINY and configs[2] is None
+    assert configs[1] == dataclasses.replace(TINY, channels_last=True)
+    assert configs[3] == dataclasses.replace(TINY, channels_last=True, label_smoothing=0.2)
+    with pytest.raises(ValueError):
+        Rung("typo", {"chanels_last": True})
+
+
+def fake_result(name, times, target=0.9):
+    runs = tuple(
+        TrainingRun(
+            seed=i,
+            trace=TargetTrace((0.95 if t else 0.5,), (t or 9.0,), (1.0,), target),
+            images_per_second=100.0,
+            compile_seconds=None,
+            setup_seconds=0.0,
+            peak_memory_bytes=None,
+            saved_bytes=1,
+        )  # fmt: skip
+        for i, t in enumerate(times)
+    )
+    return RungResult(name, TINY, runs)
+
+
+def test_verdicts_read_the_seeds_spread():
+    ladder = Ladder(
+        (fake_result("a", [10.0, 11.0]), fake_result("b", [5.0, 6.0]), fake_result("c", [5.5, 6.5]),
+         RungResult("skip", None, (), "CUDA only"), fake_result("d", [4.0, None]), fake_result("e", [8.0, 9.0])),
+        "fake", "cpu", 0.9,
+    )  # fmt: skip
+    assert ladder.verdict("a") == "baseline"
+    assert "faster" in ladder.verdict("b") and ladder.helped("b")
+    assert ladder.verdict("c").startswith("no clear change")
+    assert ladder.verdict("skip") == "skipped: CUDA only"
+    assert ladder.verdict("d") == "missed the target in 1 of 2 seeds"
+    assert ladder.previous("e").name == "d" and "did not" in ladder.verdict("e")
+    assert ladder.speedup("b") == pytest.approx(10.5 / 5.5)
+    assert len(ladder.summary_rows()) == 6 and "| a |" in ladder.to_markdown()
+
+
+def test_lr_factor_is_airbench_triangle():
+    total = 100
+    assert lr_factor(0, total, 0.23) == pytest.approx(0.2)
+    assert lr_factor(23, total, 0.23) == pytest.approx(1.0)
+    assert lr_factor(total, total, 0.23) == pytest.approx(0.07)
+    assert lr_factor(0, total, 0.0) == pytest.approx(1.0)
+
+
+def test_batched_augmentation_gives_flipped_shifted_copies():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(16, 3, 8, 8, generator=g)
+    out = augment_batch(x, translate=1, generator=g)
+    padded = torch.nn.functional.pad(x, (1, 1, 1, 1), mode="reflect")
+    for i in range(16):
+        views = [v for dy in range(3) for dx in range(3) for v in (padded[i, :, dy : dy + 8, dx : dx + 8],)]
+        views += [v.flip(-1) for v in views]
+        # flip first, then shift: the shifted crop of the flipped image
+        flipped = torch.nn.functional.pad(x[i : i + 1].flip(-1), (1, 1, 1, 1), mode="reflect")[0]
+        views += [flipped[:, dy : dy + 8, dx : dx + 8] for dy in range(3) for dx in range(3)]
+        assert any(torch.equal(out[i], v) for v in views)
+    flips = augment_batch(x, translate=0, generator=g)
+    assert all(torch.equal(flips[i], x[i]) or torch.equal(flips[i], x[i].flip(-1)) for i in range(16))
+    assert not torch.equal(out, x)
+
+
+def test_config_rejects_bad_values():
+    with pytest.raises(ValueError):
+        LadderConfig(optimizer_impl="adam")
+    with pytest.raises(ValueError):
+        LadderConfig(target=1.5)
+    with pytest.raises(TypeError):
+        LadderConfig(batch_size=64.0)
+
+
+def test_run_ladder_keeps_rung_order_seeds_and_skips():
+    rungs = [Rung("baseline"), Rung("+ gpu thing", {"channels_last": True}, skip_reason="CUDA only"),
+             Rung("+ foreach", {"optimizer_impl": "foreach"})]  # fmt: skip
+    ladder = run_ladder(TINY, rungs, tiny_data(), seeds=(0, 1), device="cpu")
+    assert [r.name for r in ladder.rungs] == ["baseline", "+ gpu thing", "+ foreach"]
+    assert ladder["+ gpu thing"].skipped and ladder["+ gpu thing"].runs == ()
+    assert [run.seed for run in ladder["+ foreach"].runs] == [0, 1]
+    assert not ladder["+ foreach"].config.channels_last  # the skipped rung's change is not stacked
+    # the same math as the baseline, seed by seed
+    for a, b in zip(ladder["baseline"].runs, ladder["+ foreach"].runs):
+        assert a.trace.accuracies == b.trace.accuracies

@@ -1,0 +1,194 @@
+"""airbench94's network, as a builder with a width multiplier so that CPU runs stay small.
+
+The network of Keller Jordan's airbench (github.com/KellerJordan/cifar10-airbench, ``airbench94.py``;
+paper: "94% on CIFAR-10 in 3.29 Seconds on a Single GPU", arXiv:2404.00498), the record holder for
+fast CIFAR-10 training: 94.01% mean accuracy in 3.83 s on one A100 (3.09 s compiled, README of the
+repository). Its layers, for 32x32 RGB inputs at width multiplier 1:
+
+* a 2x2 "whitening" convolution, 3 -> 24 channels, no padding, with a bias (31x31 out), then GELU;
+  its weights are set from the training images' patch covariance (``init_whitening``) and frozen;
+* three conv groups, widths 64, 256, 256: conv3x3 ("same" padding, no bias, identity (dirac)
+  initialization of the first ``c_in`` filters) -> MaxPool2d(2) -> BatchNorm -> GELU -> conv3x3 ->
+  BatchNorm -> GELU (31 -> 15 -> 7 -> 3 pixels);
+* MaxPool2d(3) (3x3 -> 1x1), flatten, a linear layer 256 -> 10 without bias, outputs times 1/9.
+
+Its BatchNorms have eps 1e-12, momentum 0.4 in PyTorch's convention (airbench's 0.6 is ``1 -
+momentum``), and frozen scales (``weight.requires_grad = False``): only their biases train.
+1,972,792 parameters at width 1 (airbench's "1.97M").
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tricks_lib._validate import check_flag, check_positive
+
+__all__ = [
+    "AIRBENCH94_WIDTHS",
+    "Airbench94",
+    "airbench94_parameter_count",
+    "init_whitening",
+    "make_airbench94",
+]
+
+# airbench94's hyp['net']: base_width 64; block widths 1x, 4x, 4x of it; 2x2 whitening; output scale 1/9.
+AIRBENCH94_WIDTHS = (64, 256, 256)
+_WHITEN_KERNEL = 2
+_WHITEN_CHANNELS = 2 * 3 * _WHITEN_KERNEL**2  # 24: each eigenvector of the 12-dim patch space, and its negative
+_SCALING_FACTOR = 1 / 9
+_BN_MOMENTUM = 1 - 0.6  # airbench's batchnorm_momentum 0.6 is PyTorch's 1 - momentum
+_BN_EPS = 1e-12
+
+
+class _BatchNorm(nn.BatchNorm2d):
+    """airbench's BatchNorm: tiny eps, heavy momentum, a scale that can be frozen at 1."""
+
+    def __init__(self, num_features: int, *, frozen_scale: bool) -> None:
+        super().__init__(num_features, eps=_BN_EPS, momentum=_BN_MOMENTUM)
+        self.weight.requires_grad = not frozen_scale
+
+
+class _Conv(nn.Conv2d):
+    """conv3x3, "same" padding, no bias; its first ``c_in`` filters start as the identity (dirac)."""
+
+    def __init__(self, c_in: int, c_out: int) -> None:
+        super().__init__(c_in, c_out, kernel_size=3, padding="same", bias=False)
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        w = self.weight.data
+        torch.nn.init.dirac_(w[: w.size(1)])  # an implicit residual at initialization
+
+
+class _ConvGroup(nn.Module):
+    """conv -> pool 2 -> BN -> GELU -> conv -> BN -> GELU: (B, c_in, H, W) -> (B, c_out, H//2, W//2)."""
+
+    def __init__(self, c_in: int, c_out: int, *, frozen_scale: bool) -> None:
+        super().__init__()
+        self.conv1 = _Conv(c_in, c_out)
+        self.pool = nn.MaxPool2d(2)
+        self.norm1 = _BatchNorm(c_out, frozen_scale=frozen_scale)
+        self.conv2 = _Conv(c_out, c_out)
+        self.norm2 = _BatchNorm(c_out, frozen_scale=frozen_scale)
+        self.activ = nn.GELU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.activ(self.norm1(self.pool(self.conv1(x))))
+        return self.activ(self.norm2(self.conv2(x)))
+
+
+class Airbench94(nn.Sequential):
+    """airbench94's network (see the module docstring); build it with ``make_airbench94``.
+
+    ``self[0]`` is the whitening conv; ``self.whiten`` names it too.
+    """
+
+    def __init__(self, widths: tuple[int, int, int], num_classes: int, frozen_bn_scales: bool) -> None:
+        w1, w2, w3 = widths
+        super().__init__(
+            nn.Conv2d(3, _WHITEN_CHANNELS, kernel_size=_WHITEN_KERNEL, padding=0, bias=True),  # (B, 24, 31, 31)
+            nn.GELU(),
+            _ConvGroup(_WHITEN_CHANNELS, w1, frozen_scale=frozen_bn_scales),  # (B, w1, 15, 15)
+            _ConvGroup(w1, w2, frozen_scale=frozen_bn_scales),  # (B, w2, 7, 7)
+            _ConvGroup(w2, w3, frozen_scale=frozen_bn_scales),  # (B, w3, 3, 3)
+            nn.MaxPool2d(3),  # (B, w3, 1, 1)
+            nn.Flatten(),  # (B, w3)
+            nn.Linear(w3, num_classes, bias=False),  # (B, num_classes)
+        )
+        self.widths = tuple(widths)
+
+    @property
+    def whiten(self) -> nn.Conv2d:
+        return self[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) * _SCALING_FACTOR  # airbench's Mul(1/9): smaller logits early on
+
+
+def _scaled_widths(width: float) -> tuple[int, int, int]:
+    if isinstance(width, bool) or not isinstance(width, (int, float)):
+        raise TypeError(f"width must be a number (a multiplier of airbench94's widths 64-256-256), got {width!r}")
+    check_positive(width, "width")
+    return tuple(max(1, round(w * width)) for w in AIRBENCH94_WIDTHS)
+
+
+def make_airbench94(
+    width: float = 1.0,
+    *,
+    num_classes: int = 10,
+    frozen_bn_scales: bool = True,
+    frozen_whitening: bool = True,
+) -> Airbench94:
+    """Build airbench94's network with its block widths (64, 256, 256) multiplied by ``width``.
+
+    Weights are drawn from torch's global RNG (seed first for comparable runs). The model is fp32 in
+    the default memory format on the CPU: the caller moves it, and chooses channels_last and autocast.
+
+    Args:
+        width: multiplier of the block widths, e.g. 0.125 gives (8, 32, 32); the whitening conv keeps
+            its 24 channels (they are set by its 2x2 kernel, not by the width).
+        num_classes: outputs of the final linear layer.
+        frozen_bn_scales: as airbench: the BatchNorm scales stay 1 (``requires_grad=False``); False
+            trains them, as a standard BatchNorm does.
+        frozen_whitening: as airbench: the whitening conv's weight does not train (set it with
+            ``init_whitening``); False leaves it trainable from PyTorch's default initialization.
+
+    Returns:
+        An ``Airbench94`` (an ``nn.Sequential``).
+
+    Raises:
+        TypeError / ValueError: a width that is not a positive number, a bad ``num_classes`` or flag.
+    """
+    widths = _scaled_widths(width)
+    check_positive(num_classes, "num_classes", allow_none=False, integer=True)
+    check_flag(frozen_bn_scales, "frozen_bn_scales")
+    check_flag(frozen_whitening, "frozen_whitening")
+    net = Airbench94(widths, num_classes, frozen_bn_scales)
+    net.whiten.weight.requires_grad = not frozen_whitening
+    return net
+
+
+def airbench94_parameter_count(width: float = 1.0, *, num_classes: int = 10) -> int:
+    """All scalar parameters (trainable or frozen) of ``make_airbench94(width)``, from the layer shapes.
+
+    1,972,792 at width 1: whitening conv 24x3x2x2 + 24 bias; per group ``9 c_in c_out + 9 c_out^2``
+    conv weights and ``4 c_out`` BatchNorm scales and biases; the linear layer ``w3 x num_classes``.
+    """
+    w1, w2, w3 = _scaled_widths(width)
+    whiten = _WHITEN_CHANNELS * 3 * _WHITEN_KERNEL**2 + _WHITEN_CHANNELS
+    groups = sum(
+        9 * c_in * c_out + 9 * c_out * c_out + 4 * c_out for c_in, c_out in ((_WHITEN_CHANNELS, w1), (w1, w2), (w2, w3))
+    )
+    return whiten + groups + w3 * num_classes
+
+
+@torch.no_grad()
+def init_whitening(layer: nn.Conv2d, images: torch.Tensor, *, eps: float = 5e-4) -> None:
+    """Set ``layer``'s weights to whiten the 2x2 patches of ``images`` (airbench's ``init_whitening_conv``).
+
+    The patch covariance's eigenvectors, each divided by the square root of its eigenvalue plus
+    ``eps``, and their negatives (so a following GELU sees both signs): the layer's outputs are
+    decorrelated with unit variance on the training data.
+
+    Args:
+        layer: a Conv2d with ``2 * C * k * k`` output channels, C input channels and a k x k kernel.
+        images: (N, C, H, W) normalized training images (a few thousand are plenty).
+        eps: added to the eigenvalues, so near-constant directions are not blown up.
+
+    Raises:
+        ValueError: the layer's shape does not fit the images' channels.
+    """
+    if not isinstance(layer, nn.Conv2d) or not isinstance(images, torch.Tensor) or images.dim() != 4:
+        raise TypeError("init_whitening needs a Conv2d and a (N, C, H, W) tensor of images")
+    c_out, c, h, w = layer.weight.shape
+    if c != images.shape[1] or c_out != 2 * c * h * w:
+        raise ValueError(f"a whitening conv for {images.shape[1]} channels needs {2 * images.shape[1] * h * w} outputs")
+    patches = images.float().unfold(2, h, 1).unfold(3, w, 1).transpose(1, 3).reshape(-1, c, h, w)  # (P, C, h, w)
+    flat = patches.reshape(patches.shape[0], -1)  # (P, C*h*w)
+    covariance = flat.T @ flat / flat.shape[0]
+    eigenvalues, eigenvectors = torch.linalg.eigh(covariance, UPLO="U")
+    eigenvalues = eigenvalues.flip(0).view(-1, 1, 1, 1)
+    eigenvectors = eigenvectors.T.reshape(c * h * w, c, h, w).flip(0)
+    scaled = eigenvectors / torch.sqrt(eigenvalues + eps)
+    layer.weight.copy_(torch.cat((scaled, -scaled)).to(layer.weight.dtype))

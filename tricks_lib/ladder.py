@@ -1,0 +1,790 @@
+"""Time to a target accuracy, one training trick added at a time: airbench94's recipe as a ladder.
+
+One training function, ``train_to_target(config, data, seed=...)``, whose tricks are the fields of
+one frozen ``LadderConfig``: every rung of the ladder runs this same code with one option changed.
+It trains airbench94's network (``tricks_lib.airbench``) on a fixed schedule, evaluates after each
+epoch and stops at the first evaluation at or above the target (``run_to_target``), as DAWNBench
+and airbench measure "time to 94%". Each stretch (setup, each epoch, each evaluation) is timed
+like a first call (``time_first_call``: device synchronized before and after), because a whole
+training run is a one-off cost, not a loop to average; compile time lands inside the first epoch
+and is also reported on its own.
+
+``run_ladder(base, rungs, data, seeds=...)`` stacks the rungs (each keeps the changes before it),
+trains every rung from the same seeds and returns a ``Ladder`` (mean and spread over seeds, a
+verdict per rung against the one before, ``plot()``, ``summary_rows()`` for the run summary).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+
+from tricks_lib._validate import check_positive
+from tricks_lib.airbench import init_whitening, make_airbench94
+from tricks_lib.env import pick_device
+from tricks_lib.formatting import format_bytes, format_seconds, markdown_table
+from tricks_lib.memory import measure_memory
+from tricks_lib.summary import SummaryRow
+from tricks_lib.timing import _progress_bar, time_first_call
+
+__all__ = [
+    "ImageData",
+    "Ladder",
+    "LadderConfig",
+    "Rung",
+    "RungResult",
+    "TargetTrace",
+    "TrainingRun",
+    "augment_batch",
+    "cifar10_data",
+    "lr_factor",
+    "photo_data",
+    "run_ladder",
+    "run_to_target",
+    "train_to_target",
+]
+
+_OPTIMIZER_IMPLS = ("for-loop", "foreach", "fused")
+# airbench94's SGD in mean-loss form: lr 11.5 per 1024 examples with a summed loss and Nesterov momentum
+# 0.85 is 11.5 / (1024 * (1 + 1 / (1 - 0.85))) per example; its weight decay 0.0153 per 1024 examples,
+# decoupled from the LR, is 0.0153 / 11.5 as torch's coefficient on the mean loss.
+_LR_PER_EXAMPLE = 11.5 / (1024 * (1 + 1 / (1 - 0.85)))
+_WEIGHT_DECAY = 0.0153 / 11.5
+
+
+# ----------------------------------------------------------------------------------------------- data
+@dataclass(frozen=True, repr=False)
+class ImageData:
+    """A fixed train/test split of (N, 3, H, W) uint8 images with int64 labels, on the CPU."""
+
+    name: str
+    train_images: torch.Tensor
+    train_labels: torch.Tensor
+    test_images: torch.Tensor
+    test_labels: torch.Tensor
+    class_names: tuple[str, ...]
+
+    @property
+    def mean(self) -> torch.Tensor:
+        """Per-channel mean of the training images in [0, 1], shape (3,)."""
+        return self.train_images.float().mean(dim=(0, 2, 3)) / 255
+
+    @property
+    def std(self) -> torch.Tensor:
+        """Per-channel standard deviation of the training images in [0, 1], shape (3,)."""
+        return self.train_images.float().std(dim=(0, 2, 3)) / 255
+
+    def __repr__(self) -> str:
+        _, c, h, w = self.train_images.shape
+        return (
+            f"ImageData({self.name}: {len(self.train_labels)} train / {len(self.test_labels)} test images of "
+            f"{c}x{h}x{w}, {len(self.class_names)} classes)"
+        )
+
+
+def photo_data(train: int, test: int, *, size: int = 32, seed: int = 0) -> ImageData:
+    """The project's offline photo dataset (``render_photos``): images ``0..train-1`` train, the next ``test`` test.
+
+    Classes are the source photographs found here (10 with matplotlib, scikit-learn and scikit-image).
+    """
+    from tricks_lib.data.images import render_photos
+
+    check_positive(train, "train", allow_none=False, integer=True)
+    check_positive(test, "test", allow_none=False, integer=True)
+    photos = render_photos(train + test, size=size, seed=seed)
+    images = torch.from_numpy(photos.images).permute(0, 3, 1, 2).contiguous()  # (N, 3, H, W) uint8
+    labels = torch.from_numpy(photos.labels)
+    return ImageData(
+        f"photos (seed {seed})", images[:train], labels[:train], images[train:], labels[train:], photos.class_names
+    )
+
+
+def cifar10_data(root: str, *, download: bool = False) -> ImageData:
+    """CIFAR-10 from ``root`` via ``torchvision.datasets.CIFAR10`` (50,000 train / 10,000 test).
+
+    Raises:
+        RuntimeError: not found under ``root`` and ``download`` is False (torchvision's message).
+    """
+    import torchvision
+
+    def load(train: bool):
+        dset = torchvision.datasets.CIFAR10(root, train=train, download=download)
+        images = torch.from_numpy(dset.data).permute(0, 3, 1, 2).contiguous()  # (N, 3, 32, 32) uint8
+        return images, torch.tensor(dset.targets), tuple(dset.classes)
+
+    (xtr, ytr, names), (xte, yte, _) = load(True), load(False)
+    return ImageData("CIFAR-10", xtr, ytr, xte, yte, names)
+
+
+def augment_batch(images: torch.Tensor, *, translate: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Random horizontal flip and random translation by up to ``translate`` pixels, for a whole batch at once.
+
+    Batched, on whatever device ``images`` (N, C, H, W) float is on: one reflect padding, then one
+    masked copy per shift, instead of a Python call per image. Returns a new (N, C, H, W) tensor.
+    """
+    n, _, h, w = images.shape
+    flip = torch.rand(n, device=images.device, generator=generator) < 0.5
+    images = torch.where(flip.view(-1, 1, 1, 1), images.flip(-1), images)
+    if translate == 0:
+        return images
+    r = translate
+    padded = F.pad(images, (r, r, r, r), mode="reflect")  # (N, C, H+2r, W+2r)
+    shifts = torch.randint(0, 2 * r + 1, (n, 2), device=images.device, generator=generator)
+    out = torch.empty_like(images)
+    for dy in range(2 * r + 1):
+        for dx in range(2 * r + 1):
+            mask = (shifts[:, 0] == dy) & (shifts[:, 1] == dx)
+            out[mask] = padded[mask, :, dy : dy + h, dx : dx + w]
+    return out
+
+
+class _HostAugmented(torch.utils.data.Dataset):
+    """The baseline's input pipeline: one image at a time on the host, as a torchvision transform stack does."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, mean, std, translate: int, seed: int) -> None:
+        self.images, self.labels, self.translate = images, labels, translate
+        self.mean, self.std = mean.view(3, 1, 1), std.view(3, 1, 1)
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int):
+        x = (self.images[i].float() / 255 - self.mean) / self.std  # (3, H, W)
+        r, (_, h, w) = self.translate, x.shape
+        if torch.rand((), generator=self.generator) < 0.5:
+            x = x.flip(-1)
+        if r > 0:  # one random crop of the reflect-padded image: a shift by up to r pixels each way
+            dy, dx = torch.randint(0, 2 * r + 1, (2,), generator=self.generator).tolist()
+            x = F.pad(x[None], (r, r, r, r), mode="reflect")[0, :, dy : dy + h, dx : dx + w]
+        return x, self.labels[i]
+
+
+# --------------------------------------------------------------------------------------------- config
+@dataclass(frozen=True)
+class LadderConfig:
+    """One training run: the recipe (first block) and the tricks the ladder switches on (second block).
+
+    Defaults are the ladder's baseline: fp32, eager, a host input pipeline, batch 64, a for-loop
+    optimizer, no warm-up, and none of airbench's own tricks. ``LadderConfig.airbench94()`` is the top.
+    """
+
+    width: float = 0.25  # multiplier of airbench94's widths (64, 256, 256)
+    epochs: int = 8  # the fixed schedule's length; a run stops earlier at the target
+    target: float = 0.9  # test accuracy that stops the run
+    translate: int = 2  # augmentation: random flip and translation by up to this many pixels
+    lr_per_example: float = _LR_PER_EXAMPLE  # SGD's LR is this times the base batch size ...
+    base_batch_size: int = 64  # ... and scales linearly with batch_size / base_batch_size
+    momentum: float = 0.85  # Nesterov momentum (airbench94)
+    weight_decay: float = _WEIGHT_DECAY
+    bias_scaler: float = 64.0  # BatchNorm biases train at this times the LR (airbench94)
+    eval_batch_size: int = 1000
+
+    on_device_data: bool = False  # the whole dataset as one device tensor, batched augmentation
+    channels_last: bool = False
+    autocast_dtype: torch.dtype | None = None  # torch.bfloat16 / torch.float16 (with GradScaler)
+    batch_size: int = 64
+    warmup_fraction: float = 0.0  # LR warm-up over this share of the steps (airbench: 0.23)
+    optimizer_impl: str = "for-loop"  # "for-loop", "foreach" or "fused" SGD
+    compile: bool = False  # torch.compile the training forward (inductor)
+    label_smoothing: float = 0.0
+    lookahead: bool = False  # airbench's lookahead EMA, from 30% of the steps, every 5 steps
+    flip_tta: bool = False  # evaluate on the image and its mirror, averaging the logits
+    whitening: bool = False  # whitening init (frozen) of the first conv, frozen BN scales
+
+    def __post_init__(self) -> None:
+        check_positive(self.width, "width")
+        for name in ("epochs", "base_batch_size", "batch_size", "eval_batch_size"):
+            check_positive(getattr(self, name), name, allow_none=False, integer=True)
+        if not 0 < self.target <= 1:
+            raise ValueError(f"target must be an accuracy in (0, 1], got {self.target!r}")
+        if self.optimizer_impl not in _OPTIMIZER_IMPLS:
+            raise ValueError(f"optimizer_impl must be one of {_OPTIMIZER_IMPLS}, got {self.optimizer_impl!r}")
+        if self.autocast_dtype not in (None, torch.float16, torch.bfloat16):
+            raise ValueError(f"autocast_dtype must be torch.float16, torch.bfloat16 or None, got {self.autocast_dtype}")
+        if not 0 <= self.warmup_fraction < 1 or not 0 <= self.label_smoothing < 1:
+            raise ValueError("warmup_fraction and label_smoothing must be in [0, 1)")
+
+    @classmethod
+    def airbench94(cls, **recipe) -> LadderConfig:
+        """Every trick on, as airbench94 trains (batch 1024 there; pass ``batch_size`` for small data)."""
+        tricks = dict(on_device_data=True, channels_last=True, autocast_dtype=torch.bfloat16, batch_size=1024,
+                      warmup_fraction=0.23, optimizer_impl="foreach", compile=True, label_smoothing=0.2,
+                      lookahead=True, flip_tta=True, whitening=True)  # fmt: skip
+        return cls(**{**tricks, **recipe})
+
+    @property
+    def lr(self) -> float:
+        """SGD's LR at the schedule's peak: the linear scaling rule from ``base_batch_size``."""
+        return self.lr_per_example * self.base_batch_size * self.batch_size / self.base_batch_size
+
+
+def lr_factor(step: int, total_steps: int, warmup_fraction: float, *, start: float = 0.2, end: float = 0.07) -> float:
+    """LR multiplier at ``step``: linear from ``start`` to 1 over the warm-up, then linear to ``end`` at the last step.
+
+    Without warm-up it starts at 1. With ``warmup_fraction=0.23`` it is airbench94's triangle schedule.
+    """
+    peak = int(warmup_fraction * total_steps)
+    if step < peak:
+        return start + (1 - start) * step / peak
+    return 1 + (end - 1) * (step - peak) / max(total_steps - peak, 1)
+
+
+# --------------------------------------------------------------------------------------------- timing
+@dataclass(frozen=True)
+class TargetTrace:
+    """Seconds and accuracy after each epoch of one run, and when it first reached the target."""
+
+    accuracies: tuple[float, ...]
+    elapsed: tuple[float, ...]  # seconds since the start (setup included) at the end of each evaluation
+    train_seconds: tuple[float, ...]  # seconds of each epoch's training (evaluations excluded)
+    target: float
+
+    @property
+    def epochs_to_target(self) -> int | None:
+        """Epochs until the first evaluation at or above the target, None if none reached it."""
+        return next((i + 1 for i, a in enumerate(self.accuracies) if a >= self.target), None)
+
+    @property
+    def time_to_target(self) -> float | None:
+        reached = self.epochs_to_target
+        return None if reached is None else self.elapsed[reached - 1]
+
+
+def run_to_target(
+    train_epoch: Callable[[int], object],
+    evaluate: Callable[[], float],
+    *,
+    epochs: int,
+    target: float,
+    setup_seconds: float = 0.0,
+    stop_at_target: bool = True,
+    device: str | torch.device | None = None,
+) -> TargetTrace:
+    """Train epoch by epoch and evaluate after each, stopping at the first evaluation at or above ``target``.
+
+    Each epoch and each evaluation is timed as a first call (device synchronized before and after).
+
+    Args:
+        train_epoch: trains one epoch; called with the epoch index.
+        evaluate: returns the test accuracy in [0, 1].
+        epochs: the schedule's length (the most epochs run).
+        target: the accuracy that stops the run.
+        setup_seconds: seconds spent before the first epoch, counted in the elapsed times.
+        stop_at_target: False runs the whole schedule and still records the first time at the target.
+        device: whose queue is synchronized (default ``pick_device()``).
+    """
+    accuracies, elapsed, train_seconds, clock = [], [], [], setup_seconds
+    for epoch in range(epochs):
+        seconds = time_first_call(lambda e=epoch: train_epoch(e), device=device)
+        box: list[float] = []
+        clock += seconds + time_first_call(lambda b=box: b.append(float(evaluate())), device=device)
+        accuracies.append(box[0])
+        elapsed.append(clock)
+        train_seconds.append(seconds)
+        if stop_at_target and box[0] >= target:
+            break
+    return TargetTrace(tuple(accuracies), tuple(elapsed), tuple(train_seconds), target)
+
+
+@dataclass(frozen=True)
+class TrainingRun:
+    """One seed of one rung: time to target (None: not reached), the accuracies, throughput and memory."""
+
+    seed: int
+    trace: TargetTrace
+    images_per_second: float  # training images per second of training, compile excluded
+    compile_seconds: float | None  # first step minus a typical step, when compiled
+    setup_seconds: float  # data to the device, whitening init
+    peak_memory_bytes: int | None  # CUDA: allocator peak of the run; CPU: None (see saved_bytes)
+    saved_bytes: int  # what autograd saved for backward in one training step (exact on every device)
+
+    @property
+    def time_to_target(self) -> float | None:
+        return self.trace.time_to_target
+
+    @property
+    def final_accuracy(self) -> float:
+        """Accuracy at the last evaluation: the one that reached the target, or the schedule's end."""
+        return self.trace.accuracies[-1]
+
+
+def _make_optimizer(model: torch.nn.Module, config: LadderConfig) -> torch.optim.Optimizer:
+    norm_biases = [p for n, p in model.named_parameters() if "norm" in n and n.endswith("bias") and p.requires_grad]
+    others = [p for n, p in model.named_parameters() if p.requires_grad and not any(p is q for q in norm_biases)]
+    lr, scaler = config.lr, config.bias_scaler
+    impl = {"for-loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}[
+        config.optimizer_impl
+    ]
+    groups = [
+        {"params": norm_biases, "lr": lr * scaler, "weight_decay": config.weight_decay / scaler},
+        {"params": others, "lr": lr, "weight_decay": config.weight_decay},
+    ]
+    return torch.optim.SGD(groups, lr=lr, momentum=config.momentum, nesterov=True, **impl)
+
+
+def _autocast(config: LadderConfig, device: torch.device):
+    return torch.autocast(
+        device.type, dtype=config.autocast_dtype or torch.float32, enabled=config.autocast_dtype is not None
+    )
+
+
+def train_to_target(
+    config: LadderConfig,
+    data: ImageData,
+    *,
+    seed: int = 0,
+    device: str | torch.device | None = None,
+    stop_at_target: bool = True,
+) -> TrainingRun:
+    """Train airbench94's network with ``config``'s tricks until the test accuracy reaches ``config.target``.
+
+    The same code for every rung: each trick is an ``if`` on one field of ``config``. Seeds fix the
+    initial weights, the shuffling and the augmentation, so rungs that compute the same function
+    (memory layout, optimizer implementation) see the same batches.
+
+    Returns:
+        A ``TrainingRun``; its ``time_to_target`` is None when the schedule ended below the target.
+    """
+    if not isinstance(config, LadderConfig) or not isinstance(data, ImageData):
+        raise TypeError("train_to_target(config, data) needs a LadderConfig and an ImageData")
+    dev = pick_device(device) if device is not None else pick_device()
+    memory_format = torch.channels_last if config.channels_last else torch.contiguous_format
+    torch.manual_seed(seed)
+    model = make_airbench94(
+        config.width, num_classes=len(data.class_names), frozen_bn_scales=config.whitening,
+        frozen_whitening=config.whitening,
+    ).to(dev, memory_format=memory_format)  # fmt: skip
+    mean, std = data.mean.to(dev).view(1, 3, 1, 1), data.std.to(dev).view(1, 3, 1, 1)
+    generator = torch.Generator(dev).manual_seed(seed)
+    on_device: dict[str, torch.Tensor] = {}
+
+    def setup() -> None:
+        test = ((data.test_images.to(dev).float() / 255 - mean) / std).contiguous(memory_format=memory_format)
+        on_device["test"], on_device["test_labels"] = test, data.test_labels.to(dev)
+        if config.on_device_data or config.whitening:
+            train = (data.train_images.to(dev).float() / 255 - mean) / std  # (N, 3, H, W) float, normalized once
+            on_device["train"], on_device["train_labels"] = train, data.train_labels.to(dev)
+        if config.whitening:
+            init_whitening(model.whiten, on_device["train"][:5000])
+
+    setup_seconds = time_first_call(setup, device=dev)
+    optimizer = _make_optimizer(model, config)
+    steps_per_epoch = len(data.train_labels) // config.batch_size  # drop_last: one batch shape, one compile
+    if steps_per_epoch < 1:
+        raise ValueError(f"batch_size {config.batch_size} exceeds the {len(data.train_labels)} training images")
+    total_steps = steps_per_epoch * config.epochs
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_factor(min(s, total_steps), total_steps, config.warmup_fraction)
+    )
+    scaler = torch.amp.GradScaler(dev.type, enabled=config.autocast_dtype == torch.float16)
+    forward = torch.compile(model) if config.compile else model
+    loader = None
+    if not config.on_device_data:
+        dataset = _HostAugmented(data.train_images, data.train_labels, data.mean, data.std, config.translate, seed)
+        loader = torch.utils.data.DataLoader(
+            dataset, batch_size=config.batch_size, shuffle=True, drop_last=True,
+            generator=torch.Generator().manual_seed(seed), pin_memory=dev.type == "cuda",
+        )  # fmt: skip
+    lookahead: dict[str, torch.Tensor] | None = None
+    state = {"step": 0, "first_step": 0.0, "whiten_bias_frozen": False}
+
+    def batches(epoch: int):
+        if loader is not None:
+            for x, y in loader:
+                yield x.to(dev, non_blocking=True).contiguous(memory_format=memory_format), y.to(dev, non_blocking=True)
+            return
+        images = augment_batch(on_device["train"], translate=config.translate, generator=generator)
+        images = images.contiguous(memory_format=memory_format)
+        order = torch.randperm(len(images), device=dev, generator=generator)
+        for i in range(steps_per_epoch):
+            idx = order[i * config.batch_size : (i + 1) * config.batch_size]
+            yield images[idx], on_device["train_labels"][idx]
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> None:
+        with _autocast(config, dev):
+            loss = F.cross_entropy(forward(x), y, label_smoothing=config.label_smoothing)
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        if state["whiten_bias_frozen"]:  # no gradient: SGD skips the parameter (a requires_grad flip would recompile)
+            model.whiten.bias.grad = None
+        scaler.step(optimizer)
+        scaler.update()
+        scheduler.step()
+
+    def train_epoch(epoch: int) -> None:
+        nonlocal lookahead
+        model.train()
+        # airbench trains the whitening layer's bias for the first 3 of its 9.9 epochs, then freezes it
+        state["whiten_bias_frozen"] = config.whitening and epoch >= max(1, round(config.epochs * 0.3))
+        for x, y in batches(epoch):
+            if state["step"] == 0:
+                state["first_step"] = time_first_call(lambda x=x, y=y: step(x, y), device=dev)
+            else:
+                step(x, y)
+            state["step"] += 1
+            if config.lookahead and state["step"] >= 0.3 * total_steps and state["step"] % 5 == 0:
+                lookahead = _lookahead_update(model, lookahead, (0.95**5) * (state["step"] / total_steps) ** 3)
+        if lookahead is not None:
+            _lookahead_update(model, lookahead, 1.0)
+
+    def evaluate() -> float:
+        model.eval()
+        correct = torch.zeros((), dtype=torch.long, device=dev)
+        with torch.inference_mode(), _autocast(config, dev):
+            for x, y in zip(
+                on_device["test"].split(config.eval_batch_size), on_device["test_labels"].split(config.eval_batch_size)
+            ):
+                logits = model(x)
+                if config.flip_tta:
+                    logits = 0.5 * logits + 0.5 * model(x.flip(-1))
+                correct += (logits.argmax(1) == y).sum()
+        return correct.item() / len(on_device["test_labels"])
+
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    trace = run_to_target(
+        train_epoch, evaluate, epochs=config.epochs, target=config.target, setup_seconds=setup_seconds,
+        stop_at_target=stop_at_target, device=dev,
+    )  # fmt: skip
+    peak = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None
+    steps = state["step"]
+    typical = (sum(trace.train_seconds) - state["first_step"]) / max(steps - 1, 1)
+    compile_seconds = max(state["first_step"] - typical, 0.0) if config.compile else None
+    train_time = sum(trace.train_seconds) - (compile_seconds or 0.0)
+    x, y = next(batches(0))  # one more step, only to count what autograd saves (exact on every device)
+    saved = measure_memory(
+        lambda: scaler.scale(F.cross_entropy(_eager_forward(model, x, config, dev), y)).backward(), device=dev
+    )
+    return TrainingRun(
+        seed=seed,
+        trace=trace,
+        images_per_second=steps * config.batch_size / train_time,
+        compile_seconds=compile_seconds,
+        setup_seconds=setup_seconds,
+        peak_memory_bytes=peak,
+        saved_bytes=saved.saved_bytes,
+    )
+
+
+def _eager_forward(model, x, config, dev):
+    model.train()
+    with _autocast(config, dev):
+        return model(x)
+
+
+@torch.no_grad()
+def _lookahead_update(model: torch.nn.Module, ema: dict | None, decay: float) -> dict:
+    """airbench's LookaheadState: move the EMA towards the weights, then copy it back into the network."""
+    state = model.state_dict()
+    if ema is None:
+        return {k: v.clone() for k, v in state.items()}
+    for key, value in state.items():
+        if value.dtype.is_floating_point:
+            ema[key].lerp_(value, 1 - decay)
+            value.copy_(ema[key])
+    return ema
+
+
+# --------------------------------------------------------------------------------------------- ladder
+@dataclass(frozen=True)
+class Rung:
+    """One trick: a name, the ``LadderConfig`` fields it changes, and why it is skipped here (None: it runs)."""
+
+    name: str
+    changes: dict = dataclasses.field(default_factory=dict)
+    skip_reason: str | None = None
+
+    def __post_init__(self) -> None:
+        unknown = set(self.changes) - {f.name for f in dataclasses.fields(LadderConfig)}
+        if unknown:
+            raise ValueError(f"rung {self.name!r} changes unknown LadderConfig fields {sorted(unknown)}")
+
+
+def _spread(values: Sequence[float]) -> float:
+    return statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+@dataclass(frozen=True)
+class RungResult:
+    """A rung's config and its runs (one per seed), or its skip reason; means and spreads over seeds."""
+
+    name: str
+    config: LadderConfig | None
+    runs: tuple[TrainingRun, ...] = ()
+    skip_reason: str | None = None
+
+    @property
+    def skipped(self) -> bool:
+        return self.skip_reason is not None
+
+    @property
+    def reached(self) -> int:
+        """Seeds that reached the target."""
+        return sum(r.time_to_target is not None for r in self.runs)
+
+    @property
+    def times(self) -> tuple[float, ...]:
+        """Time to target per seed, for the seeds that reached it."""
+        return tuple(r.time_to_target for r in self.runs if r.time_to_target is not None)
+
+    @property
+    def mean_time(self) -> float | None:
+        """Mean time to target, None unless every seed reached it."""
+        return statistics.fmean(self.times) if self.runs and self.reached == len(self.runs) else None
+
+    @property
+    def time_spread(self) -> float | None:
+        return _spread(self.times) if self.mean_time is not None else None
+
+    def mean(self, field: str) -> float | None:
+        """Mean over seeds of a ``TrainingRun`` attribute (None where it is None, or when skipped)."""
+        values = [getattr(r, field) for r in self.runs]
+        return statistics.fmean(values) if values and None not in values else None
+
+    def spread(self, field: str) -> float | None:
+        values = [getattr(r, field) for r in self.runs]
+        return _spread(values) if values and None not in values else None
+
+
+def _cumulative(base: LadderConfig, rungs: Sequence[Rung]) -> list[LadderConfig | None]:
+    configs, current = [], base
+    for rung in rungs:
+        if rung.skip_reason is not None:
+            configs.append(None)
+            continue
+        current = dataclasses.replace(current, **rung.changes)
+        configs.append(current)
+    return configs
+
+
+@dataclass(frozen=True)
+class Ladder:
+    """Every rung of a ladder, in order; each rung's config keeps the changes of the rungs before it."""
+
+    record_kind: ClassVar[str] = "ladder"  # the kind ``record()`` files it under
+
+    rungs: tuple[RungResult, ...]
+    data: str
+    device: str
+    target: float
+
+    def __getitem__(self, name: str) -> RungResult:
+        for rung in self.rungs:
+            if rung.name == name:
+                return rung
+        raise KeyError(f"no rung {name!r}; the rungs are {[r.name for r in self.rungs]}")
+
+    @property
+    def ran(self) -> tuple[RungResult, ...]:
+        return tuple(r for r in self.rungs if not r.skipped)
+
+    def previous(self, name: str) -> RungResult | None:
+        """The last rung before ``name`` that ran (what ``name`` is compared with)."""
+        ran = [r.name for r in self.ran]
+        i = ran.index(name)
+        return self[ran[i - 1]] if i > 0 else None
+
+    def verdict(self, name: str) -> str:
+        """``name``'s time to target against the rung before it: faster / slower when the seeds' ranges do
+        not overlap, else "no clear change"; or how many seeds missed the target; or the skip reason."""
+        rung = self[name]
+        if rung.skipped:
+            return f"skipped: {rung.skip_reason}"
+        if rung.mean_time is None:
+            return f"missed the target in {len(rung.runs) - rung.reached} of {len(rung.runs)} seeds"
+        before = self.previous(name)
+        if before is None:
+            return "baseline"
+        if before.mean_time is None:
+            return "reached the target in every seed (the rung before did not)"
+        ratio = before.mean_time / rung.mean_time
+        if max(rung.times) < min(before.times):
+            return f"{ratio:.2f}x faster to target than the rung before (no seed overlap)"
+        if min(rung.times) > max(before.times):
+            return f"{1 / ratio:.2f}x slower to target than the rung before (no seed overlap)"
+        return f"no clear change ({ratio:.2f}x; the seeds' times overlap)"
+
+    def helped(self, name: str) -> bool:
+        """True when ``name`` reached the target in every seed, clearly faster than the rung before."""
+        return "faster" in self.verdict(name)
+
+    def speedup(self, name: str) -> float | None:
+        """The baseline's mean time to target over ``name``'s (None when either missed the target)."""
+        base, rung = self.ran[0].mean_time, self[name].mean_time
+        return None if base is None or rung is None else base / rung
+
+    def _row(self, r: RungResult) -> list[str]:
+        def pm(mean, spread, fmt):
+            return "-" if mean is None else f"{fmt(mean)} ± {fmt(spread or 0.0)}"
+
+        if r.skipped:
+            return [r.name, "-", "-", "-", "-", "-", self.verdict(r.name)]
+        compile_s = r.mean("compile_seconds")
+        memory = r.mean("peak_memory_bytes")
+        return [
+            r.name,
+            pm(r.mean_time, r.time_spread, format_seconds)
+            + ("" if r.mean_time else f" ({r.reached}/{len(r.runs)} reached)"),
+            pm(r.mean("final_accuracy"), r.spread("final_accuracy"), lambda a: f"{a:.1%}"),
+            f"{r.mean('images_per_second'):,.0f}",
+            "-" if compile_s is None else format_seconds(compile_s),
+            format_bytes(memory) if memory is not None else f"{format_bytes(r.mean('saved_bytes'))} saved",
+            self.verdict(r.name),
+        ]
+
+    def to_markdown(self) -> str:
+        header = ["rung (cumulative)", "time to target (mean ± sd)", "final accuracy", "train images/s",
+                  "compile", "peak memory (CPU: saved for backward, one step)", "verdict"]  # fmt: skip
+        return markdown_table(header, [self._row(r) for r in self.rungs])
+
+    # Markdown only (no _repr_html_, which Jupyter would prefer): the table renders as a table.
+    def _repr_markdown_(self) -> str:
+        seeds = max((len(r.runs) for r in self.rungs), default=0)
+        return (
+            f"**Time to {self.target:.0%} on {self.data}, {self.device}, {seeds} seed(s) per rung**\n\n"
+            + self.to_markdown()
+        )
+
+    def __repr__(self) -> str:
+        return f"Ladder({len(self.rungs)} rungs, target {self.target:.0%}, {self.data}, {self.device})"
+
+    def summary_rows(self) -> tuple[SummaryRow, ...]:
+        return tuple(
+            SummaryRow(
+                variant=r.name,
+                device=self.device,
+                median_s=r.mean_time,
+                iqr_s=r.time_spread,
+                speedup=None if r.skipped else self.speedup(r.name),
+                verdict=self.verdict(r.name),
+                items_per_second=None if r.skipped else r.mean("images_per_second"),
+                peak_allocated_bytes=None
+                if r.skipped or r.mean("peak_memory_bytes") is None
+                else int(r.mean("peak_memory_bytes")),
+            )  # fmt: skip
+            for r in self.rungs
+        )
+
+    def to_dict(self) -> dict:
+        def finite(x):
+            return x if x is None or math.isfinite(x) else None
+
+        return {
+            "data": self.data,
+            "device": self.device,
+            "target": self.target,
+            "rungs": [
+                {"name": r.name, "skip_reason": r.skip_reason, "config": None if r.config is None else repr(r.config),
+                 "runs": [{"seed": run.seed, "time_to_target_s": finite(run.time_to_target),
+                           "accuracies": list(run.trace.accuracies), "images_per_second": run.images_per_second,
+                           "compile_s": run.compile_seconds, "peak_memory_bytes": run.peak_memory_bytes,
+                           "saved_bytes": run.saved_bytes} for run in r.runs]}
+                for r in self.rungs
+            ],
+        }  # fmt: skip
+
+    def plot(self, axes=None):
+        """Two panels: time to target per rung (mean, one dot per seed), and final accuracy. Returns the axes."""
+        import matplotlib.pyplot as plt
+
+        if axes is None:
+            _, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+        ax_t, ax_a = axes
+        names = [r.name for r in self.rungs]
+        xs = range(len(names))
+        for x, r in zip(xs, self.rungs):
+            if r.skipped:
+                ax_t.annotate("skipped", (x, 0), rotation=90, fontsize=7, color="0.5", ha="center", va="bottom")
+                continue
+            colour = "tab:green" if self.helped(r.name) else "tab:red" if "slower" in self.verdict(r.name) else "0.5"
+            if r.mean_time is not None:
+                ax_t.bar(x, r.mean_time, color=colour, alpha=0.6)
+            ax_t.scatter([x] * len(r.times), r.times, color="k", s=10, zorder=3)
+            accs = [run.final_accuracy for run in r.runs]
+            ax_a.scatter([x] * len(accs), accs, color="k", s=10, zorder=3)
+            ax_a.bar(x, statistics.fmean(accs), color="tab:blue", alpha=0.4)
+        ax_a.axhline(self.target, color="tab:red", ls="--", lw=1, label=f"target {self.target:.0%}")
+        ax_t.set_ylabel("time to target (s); dots: seeds")
+        ax_a.set_ylabel("accuracy at the last evaluation")
+        lows = [a for r in self.ran for a in (run.final_accuracy for run in r.runs)]
+        ax_a.set_ylim(max(0.0, min(lows + [self.target]) - 0.05), min(1.0, max(lows + [self.target]) + 0.03))
+        ax_a.legend(fontsize=8, loc="lower right")
+        for ax in axes:
+            ax.set_xticks(list(xs), names, rotation=40, ha="right", fontsize=8)
+            ax.grid(axis="y", alpha=0.3)
+        ax_t.set_title("green: clearly faster than the rung before; red: clearly slower", fontsize=9)
+        return axes
+
+
+def run_ladder(
+    base: LadderConfig,
+    rungs: Sequence[Rung],
+    data: ImageData,
+    *,
+    seeds: Sequence[int] = (0, 1),
+    device: str | torch.device | None = None,
+    context: Callable[[Rung], object] | None = None,
+    warmup: bool = True,
+    progress: bool = False,
+) -> Ladder:
+    """Train every rung (the first one is the baseline: usually ``Rung("baseline")``) from each seed.
+
+    Rung ``i`` runs ``base`` with the changes of every rung up to ``i`` that is not skipped. Each seed
+    climbs the whole ladder in order before the next seed starts.
+
+    Args:
+        base: the baseline's config; ``base.target`` is every rung's target.
+        rungs: the tricks in order.
+        data: the train/test split.
+        seeds: one run per seed per rung.
+        device: where to train (default ``pick_device()``).
+        context: optional ``context(rung)`` returning a context manager each of the rung's runs
+            happens in (e.g. ``fresh_compile_cache()`` for the first compiled rung: a cold compile per seed).
+        warmup: before timing, train each rung's config (eager) for two untimed steps on a few
+            images, so that no rung pays the creation of its kernels inside its time to target.
+        progress: a progress bar over the training runs (off under ``TRICKS_PROGRESS=0``).
+    """
+    import contextlib
+
+    if not rungs:
+        raise ValueError("rungs is empty: pass at least Rung('baseline')")
+    if not seeds:
+        raise ValueError("seeds is empty: pass at least one seed")
+    dev = pick_device(device) if device is not None else pick_device()
+    configs = _cumulative(base, rungs)
+    ran = [(rung, config) for rung, config in zip(rungs, configs) if config is not None]
+    if warmup:  # untimed: each config's eager kernels are created once (oneDNN/cuDNN pick them at first use)
+        for _, config in ran:
+            small = dataclasses.replace(config, epochs=1, compile=False, target=1.0)
+            n = min(2 * config.batch_size, len(data.train_labels))
+            subset = dataclasses.replace(data, train_images=data.train_images[:n], train_labels=data.train_labels[:n])
+            train_to_target(small, subset, seed=0, device=dev)
+    bar = _progress_bar(progress, len(seeds) * len(ran), "training the ladder")
+    runs: dict[str, list[TrainingRun]] = {rung.name: [] for rung, _ in ran}
+    try:
+        # Seed by seed, each seed climbing the whole ladder: a machine that slows down over time then
+        # shows up in every rung's spread, not as a fake gain of the rungs trained last.
+        for seed in seeds:
+            for rung, config in ran:
+                with context(rung) if context is not None else contextlib.nullcontext():
+                    runs[rung.name].append(train_to_target(config, data, seed=seed, device=dev))
+                if bar is not None:
+                    bar.set_postfix_str(rung.name)
+                    bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    results = [
+        RungResult(rung.name, config, tuple(runs[rung.name])) if config is not None
+        else RungResult(rung.name, None, (), rung.skip_reason)
+        for rung, config in zip(rungs, configs)
+    ]  # fmt: skip
+    return Ladder(tuple(results), data.name, str(dev), base.target)

@@ -36,3 +36,23 @@ def byte_samples():
         ]
 
     return make
+
+
+@pytest.fixture
+def randomize_batchnorm():
+    """Give every BatchNorm2d of a module non-trivial statistics and affine parameters, in place.
+
+    Fresh BatchNorm layers (mean 0, var 1, weight 1, bias 0) fold into a convolution as the identity,
+    so a fusion or re-parameterization that ignored them would still pass; these values would not.
+    """
+    from torch import nn
+
+    def randomize(module: nn.Module) -> None:
+        for m in module.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-1.0, 1.0)
+                m.running_var.uniform_(0.5, 2.0)
+                m.weight.data.uniform_(0.5, 1.5)
+                m.bias.data.uniform_(-0.5, 0.5)
+
+    return randomize

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tricks_lib.distill import distillation_loss
+from tricks_lib.distill import distillation_loss, paired_gain_verdict
 
 
 def _logits(seed=0):
@@ -69,3 +69,28 @@ def test_missing_targets_need_alpha_one_and_shapes_must_match():
         distillation_loss(s, t[:, :4], y, temperature=2.0, alpha=0.5)
     with pytest.raises(TypeError):
         distillation_loss(s, t, y, temperature="2", alpha=0.5)
+
+
+def test_paired_gain_verdict_reads_the_spread_not_the_mean():
+    assert paired_gain_verdict([0.05, 0.06, 0.07])[0] == "helps"
+    assert paired_gain_verdict([-0.05, -0.06, -0.07])[0] == "hurts"
+    # a positive mean whose seeds disagree is not a verdict
+    verdict, mean, low, high = paired_gain_verdict([0.10, -0.02, 0.01])
+    assert verdict == "no significant effect" and mean > 0 and low < 0 < high
+    # every seed positive but too spread for 3 seeds at 95%: still no verdict
+    assert paired_gain_verdict([0.001, 0.002, 0.2])[0] == "no significant effect"
+    _, mean, low, high = paired_gain_verdict([1.0, 3.0])
+    assert mean == 2.0 and high - mean == pytest.approx(12.706 * 1.0, rel=1e-3)
+
+
+def test_paired_gain_verdict_validates():
+    with pytest.raises(ValueError):
+        paired_gain_verdict([0.1])
+    with pytest.raises(ValueError):
+        paired_gain_verdict([0.1, 0.2], confidence=1.0)
+    with pytest.raises(ValueError):
+        paired_gain_verdict([0.1, float("nan")])
+    with pytest.raises(TypeError):
+        paired_gain_verdict([0.1, 0.2], confidence="high")
+    with pytest.raises(TypeError):
+        paired_gain_verdict(["a", "b"])

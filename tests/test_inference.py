@@ -10,15 +10,6 @@ from tricks_lib.inference import count_modules, fuse_conv_bn, output_error, repa
 from tricks_lib.repvgg import RepVGGBlock
 
 
-def _randomize_bn(module: nn.Module) -> None:
-    for m in module.modules():
-        if isinstance(m, nn.BatchNorm2d):
-            m.running_mean.uniform_(-1.0, 1.0)
-            m.running_var.uniform_(0.5, 2.0)
-            m.weight.data.uniform_(0.5, 1.5)
-            m.bias.data.uniform_(-0.5, 0.5)
-
-
 class _Residual(nn.Module):
     """conv/bn held as attributes (not in a Sequential) plus a skip: needs the FX graph to find them."""
 
@@ -45,10 +36,10 @@ class _Untraceable(nn.Module):
 
 
 @pytest.mark.parametrize("make", [_Residual, _Untraceable])
-def test_fusion_is_equivalent_and_leaves_no_batchnorm(make):
+def test_fusion_is_equivalent_and_leaves_no_batchnorm(make, randomize_batchnorm):
     torch.manual_seed(0)
     model = make()
-    _randomize_bn(model)
+    randomize_batchnorm(model)
     model.eval()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     fused = fuse_conv_bn(model)
@@ -59,7 +50,7 @@ def test_fusion_is_equivalent_and_leaves_no_batchnorm(make):
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items()), "the input model changed"
 
 
-def test_fusion_keeps_a_conv_whose_output_is_used_twice():
+def test_fusion_keeps_a_conv_whose_output_is_used_twice(randomize_batchnorm):
     class Both(nn.Module):
         def __init__(self):
             super().__init__()
@@ -71,7 +62,7 @@ def test_fusion_keeps_a_conv_whose_output_is_used_twice():
 
     torch.manual_seed(0)
     model = Both()
-    _randomize_bn(model)
+    randomize_batchnorm(model)
     model.eval()
     fused = fuse_conv_bn(model)
     x = torch.randn(1, 2, 4, 4)
@@ -86,11 +77,11 @@ def test_fusion_rejects_training_mode_and_non_modules():
         fuse_conv_bn("model")
 
 
-def test_reparameterize_converts_every_block():
+def test_reparameterize_converts_every_block(randomize_batchnorm):
     torch.manual_seed(0)
     model = nn.Sequential(RepVGGBlock(3, 8, stride=2), RepVGGBlock(8, 8), nn.Flatten(), nn.LazyLinear(2))
     model(torch.randn(1, 3, 8, 8))  # materialize the lazy layer
-    _randomize_bn(model)
+    randomize_batchnorm(model)
     model.eval()
     deploy = reparameterize(model)
     x = torch.randn(2, 3, 8, 8)

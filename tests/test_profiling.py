@@ -1,11 +1,12 @@
 """tricks_lib.profiling: step_split's timers on known durations, the jitter dataset, argument errors."""
 
+import re
 import time
 
 import pytest
 import torch
 
-from tricks_lib.profiling import PixelJitterDataset, StepSplit, step_split
+from tricks_lib.profiling import PixelJitterDataset, StepSplit, py_spy_sample, step_split, without_local_paths
 from tricks_lib.results import record
 
 WAIT_S, STEP_S = 0.03, 0.01  # a loader that takes 30 ms per batch, a step that takes 10 ms
@@ -107,3 +108,59 @@ def test_pixel_jitter_python_loop_matches_tensor_op():
 def test_pixel_jitter_rejects_bad_arguments(args, kwargs, error):
     with pytest.raises(error):
         PixelJitterDataset(*args, **kwargs)
+
+
+JITTER_SCRIPT = (
+    "import torch\n"
+    "from tricks_lib.profiling import PixelJitterDataset\n"
+    "data = PixelJitterDataset(torch.rand(8, 3, 8, 8), torch.zeros(8))\n"
+    "print('ready', flush=True)\n"
+    "while True:\n"
+    "    for i in range(len(data)):\n"
+    "        data[i]\n"
+)
+
+
+@pytest.mark.slow
+def test_py_spy_sample_finds_the_python_loop_or_says_why_not():
+    result = py_spy_sample(JITTER_SCRIPT, seconds=1, timeout=60)
+    if result.ok:
+        assert "PixelJitterDataset" in result.dump and not re.search(r"/\w+/", result.dump)  # no folders
+        assert 0 < len(result.leaf_shares) <= 4 and sum(result.leaf_shares.values()) <= 1.0 + 1e-9
+        assert "profiling.py)" in next(iter(result.leaf_shares))  # the dataset's module leads
+    else:  # no py-spy, or no ptrace permission here: the reason, not a hang or an exception
+        assert result.error.startswith("py-spy") and not result.dump and not result.leaf_shares
+
+
+@pytest.mark.slow
+def test_py_spy_sample_gives_up_on_a_script_that_never_gets_ready(monkeypatch):
+    monkeypatch.setattr("shutil.which", lambda name: "py-spy")  # get past the installed check
+    result = py_spy_sample("import time; time.sleep(60)", timeout=1)
+    assert not result.ok and "did not get ready within 1 s" in result.error
+
+
+def test_py_spy_sample_says_when_py_spy_is_missing(monkeypatch):
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    result = py_spy_sample("print('ready')")
+    assert not result.ok and "not installed" in result.error and "failed" in repr(result)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"script": ""}, TypeError),
+        ({"seconds": 0.5}, TypeError),
+        ({"seconds": 0}, ValueError),
+        ({"timeout": 0}, ValueError),
+    ],
+)
+def test_py_spy_sample_rejects_bad_arguments(kwargs, error):
+    args = {"script": "print('ready')", **kwargs}
+    with pytest.raises(error):
+        py_spy_sample(args.pop("script"), **args)
+
+
+def test_without_local_paths_cuts_folders_and_colours():
+    assert without_local_paths("\x1b[1mat /root/x/y/file.py:3\x1b[0m") == "at file.py:3"
+    with pytest.raises(TypeError):
+        without_local_paths(3)

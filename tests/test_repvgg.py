@@ -7,20 +7,11 @@ from torch import nn
 from tricks_lib.repvgg import RepVGGBlock
 
 
-def _randomize_bn(module: nn.Module) -> None:
-    for m in module.modules():
-        if isinstance(m, nn.BatchNorm2d):
-            m.running_mean.uniform_(-1.0, 1.0)
-            m.running_var.uniform_(0.5, 2.0)
-            m.weight.data.uniform_(0.5, 1.5)
-            m.bias.data.uniform_(-0.5, 0.5)
-
-
 @pytest.mark.parametrize(("c_in", "c_out", "stride"), [(4, 4, 1), (4, 6, 1), (4, 4, 2)])
-def test_deploy_form_equals_block(c_in, c_out, stride):
+def test_deploy_form_equals_block(c_in, c_out, stride, randomize_batchnorm):
     torch.manual_seed(0)
     block = RepVGGBlock(c_in, c_out, stride=stride)
-    _randomize_bn(block)
+    randomize_batchnorm(block)
     block.eval()
     assert (block.identity is not None) == (c_in == c_out and stride == 1)
     deploy = block.reparameterize()
@@ -31,11 +22,11 @@ def test_deploy_form_equals_block(c_in, c_out, stride):
     assert not any(isinstance(m, nn.BatchNorm2d) for m in deploy.modules())
 
 
-def test_identity_branch_changes_the_output():
+def test_identity_branch_changes_the_output(randomize_batchnorm):
     # The identity BN must be counted: zeroing it must change the block's output.
     torch.manual_seed(0)
     block = RepVGGBlock(3, 3)
-    _randomize_bn(block)
+    randomize_batchnorm(block)
     block.eval()
     x = torch.randn(1, 3, 5, 5)
     before = block(x)

@@ -48,6 +48,7 @@ __all__ = [
     "group_widths",
     "hybrid_net",
     "hybrid_nets",
+    "paper_throughput_ratios",
     "probe_input",
     "ratio_channels",
     "shufflenet_v2_probes",
@@ -268,12 +269,37 @@ def probe_input(net: nn.Module, batch: int = 1, *, size: int = PROBE_SIZE, seed:
     return torch.randn(batch, conv.in_channels, size, size, generator=generator)
 
 
+def paper_throughput_ratios(guideline: str, row: str, multiplier: int) -> tuple[float, float]:
+    """The paper's throughput of ``row`` over its table's first row, ``(GPU half, ARM half)``.
+
+    Args:
+        guideline: "G1" to "G4" (the keys of ``SHUFFLENET_V2_TABLES``).
+        row: a row name of that table, e.g. "1:12" or "g=8".
+        multiplier: the width column, 1, 2 or 4.
+
+    Raises:
+        KeyError: an unknown guideline or row (the message lists the valid ones).
+        ValueError: a multiplier other than 1, 2 or 4.
+    """
+    if guideline not in SHUFFLENET_V2_TABLES:
+        raise KeyError(f"guideline must be one of {sorted(SHUFFLENET_V2_TABLES)}, got {guideline!r}")
+    table = SHUFFLENET_V2_TABLES[guideline]
+    if row not in table:
+        raise KeyError(f"{guideline} has rows {list(table)}, got {row!r}")
+    if multiplier not in (1, 2, 4):
+        raise ValueError(f"multiplier must be 1, 2 or 4 (the paper's width columns), got {multiplier!r}")
+    column = {1: 0, 2: 1, 4: 2}[multiplier]
+    first = next(iter(table.values()))
+    gpu, arm = (table[row][half][column] / first[half][column] for half in (0, 1))
+    return gpu, arm
+
+
 def trend_against_paper(paper_ratio: float, row: ComparisonRow) -> str:
     """How this machine's throughput ratio (``row.speedup``, against the table's first row) reads the paper's.
 
     Returns one of: "holds" (significant, same direction, at least as strong), "weaker" (significant,
-    same direction, smaller), "inverts" (significant, the other direction), "no measurable effect"
-    (not significant here).
+    same direction, smaller), "inverts" (significant, the other direction), "not significant here"
+    (the run cannot tell: read the comparison's interval, not the paper).
 
     Raises:
         TypeError: ``row`` is not a ``ComparisonRow``.
@@ -286,7 +312,7 @@ def trend_against_paper(paper_ratio: float, row: ComparisonRow) -> str:
     if paper_ratio == 1:
         raise ValueError("paper_ratio is 1: the paper shows no effect to compare with")
     if not row.significant:
-        return "no measurable effect"
+        return "not significant here"
     if (row.speedup > 1) != (paper_ratio > 1):
         return "inverts"
     return "holds" if abs(math.log(row.speedup)) >= abs(math.log(paper_ratio)) else "weaker"

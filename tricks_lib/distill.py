@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+from scipy import stats
 
-__all__ = ["distillation_loss"]
+__all__ = ["distillation_loss", "paired_gain_verdict"]
 
 
 def distillation_loss(
@@ -71,3 +73,37 @@ def distillation_loss(
     if alpha < 1:
         loss = loss + (1 - alpha) * F.cross_entropy(student_logits, targets)
     return loss
+
+
+def paired_gain_verdict(gains, *, confidence: float = 0.95) -> tuple[str, float, float, float]:
+    """Read per-seed paired gains (distilled minus alone, same seed) with a t-interval of their mean.
+
+    Args:
+        gains: one number per seed, at least two.
+        confidence: two-sided confidence of the interval, in ``(0, 1)``.
+
+    Returns:
+        ``(verdict, mean, low, high)``: "helps" when the whole interval lies above 0, "hurts" when it
+        lies below 0, else "no significant effect"; then the mean gain and the interval's bounds.
+
+    Raises:
+        TypeError: ``gains`` is not a sequence of numbers, or ``confidence`` is not a number.
+        ValueError: fewer than two gains, a non-finite gain, or ``confidence`` outside ``(0, 1)``.
+    """
+    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)):
+        raise TypeError(f"confidence must be a number, got {confidence!r}")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must lie strictly between 0 and 1 (0.95 is usual), got {confidence!r}")
+    try:
+        values = np.asarray(gains, dtype=float).ravel()
+    except (TypeError, ValueError):
+        raise TypeError(f"gains must be a sequence of numbers, got {type(gains).__name__}") from None
+    if values.size < 2:
+        raise ValueError(f"gains needs at least two seeds for a spread, got {values.size}: run more seeds")
+    if not np.isfinite(values).all():
+        raise ValueError("gains must all be finite numbers")
+    mean = float(values.mean())
+    half = float(stats.t.ppf(0.5 + confidence / 2, values.size - 1) * values.std(ddof=1) / math.sqrt(values.size))
+    low, high = mean - half, mean + half
+    verdict = "helps" if low > 0 else "hurts" if high < 0 else "no significant effect"
+    return verdict, mean, low, high

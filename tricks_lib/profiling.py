@@ -6,12 +6,21 @@
   transforms help); one that mostly computes is compute-bound (the model-side tricks help).
 - ``PixelJitterDataset``: images with per-pixel Gaussian jitter, computed either in a Python loop
   over the pixels (the slow per-sample augmentation profilers should find) or as one tensor op.
+- ``py_spy_sample(script, seconds=1)``: py-spy's ``dump`` and ``record`` on a subprocess running
+  ``script``; a ``PySpySample`` with the stack dump and the most sampled functions, or the reason it
+  failed (not installed, no ptrace permission, a timeout), never a hang.
 - ``plot_trace`` (from ``tricks_lib.trace``): the timeline of an exported profiler trace.
 """
 
 from __future__ import annotations
 
+import re
+import shutil
 import statistics
+import subprocess
+import sys
+import tempfile
+import threading
 import timeit
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -26,7 +35,15 @@ from tricks_lib.summary import SummaryRow
 from tricks_lib.timing import _synced_timer
 from tricks_lib.trace import plot_trace
 
-__all__ = ["PixelJitterDataset", "StepSplit", "plot_trace", "step_split"]
+__all__ = [
+    "PixelJitterDataset",
+    "PySpySample",
+    "StepSplit",
+    "plot_trace",
+    "py_spy_sample",
+    "step_split",
+    "without_local_paths",
+]
 
 
 @dataclass(frozen=True)
@@ -254,3 +271,140 @@ class PixelJitterDataset(torch.utils.data.Dataset):
         else:
             jittered = (image + noise).clamp_(0.0, 1.0)
         return jittered, self.labels[index]
+
+
+def without_local_paths(text: str) -> str:
+    """``text`` with terminal colour codes removed and every absolute path cut to its last part.
+
+    Raises:
+        TypeError: ``text`` is not a string.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a string, got {type(text).__name__}")
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text)
+    return re.sub(r"(?<![\w.+-])(?:/[\w.+-]+)+/([\w.+-]+)", r"\1", text)
+
+
+_PTRACE_HINT = (
+    "py-spy reads another process's memory: in a container it needs ptrace permission "
+    "(docker run --cap-add SYS_PTRACE), and kernel.yama.ptrace_scope must allow it"
+)
+
+
+@dataclass(frozen=True)
+class PySpySample:
+    """What py-spy saw in a subprocess: its stack dump and the share of samples per innermost function.
+
+    ``error`` is None when both ``py-spy dump`` and ``py-spy record`` worked; otherwise it says why
+    not (and ``dump`` is empty, ``leaf_shares`` empty).
+    """
+
+    dump: str
+    leaf_shares: dict[str, float]
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def __repr__(self) -> str:
+        if not self.ok:
+            return f"PySpySample(failed: {self.error})"
+        top = ", ".join(f"{name}: {share:.0%}" for name, share in self.leaf_shares.items())
+        return f"PySpySample({top})"
+
+
+def _failed(reason: str) -> PySpySample:
+    return PySpySample(dump="", leaf_shares={}, error=reason)
+
+
+def _py_spy_failure(command: str, result: subprocess.CompletedProcess, child: subprocess.Popen) -> PySpySample:
+    """The first line of py-spy's message; the ptrace hint only where the message is about permission."""
+    if child.poll() is not None:
+        return _failed(
+            f"py-spy {command} failed: the script to sample exited (status {child.returncode}) before it ended"
+        )
+    lines = without_local_paths(result.stderr or result.stdout).strip().splitlines()
+    message = lines[0] if lines else f"exit status {result.returncode}, no message"
+    permission = any(word in message.lower() for word in ("permission", "ptrace", "not permitted"))
+    return _failed(f"py-spy {command} failed: {message}" + (f". {_PTRACE_HINT}" if permission else ""))
+
+
+def py_spy_sample(
+    script: str, *, seconds: int = 1, rate: int = 200, top: int = 4, timeout: float = 60.0
+) -> PySpySample:
+    """Run ``script`` in a subprocess, then ``py-spy dump`` and ``py-spy record`` on it; kill it after.
+
+    ``script`` must print a line (e.g. ``print("ready", flush=True)``) once it is in the code to
+    sample, then keep running: sampling starts when that line arrives. Every wait has a time limit,
+    so a py-spy that cannot attach or a script that never gets ready ends in a failed result, not a hang.
+
+    Args:
+        script: Python source for ``python -c``.
+        seconds: how long ``py-spy record`` samples (whole seconds: py-spy's ``--duration``).
+        rate: samples per second.
+        top: how many innermost functions to keep, most sampled first.
+        timeout: seconds the script may take to get ready, and each py-spy call beyond ``seconds``.
+
+    Returns:
+        A ``PySpySample``: the dump (local folders cut from paths) and the ``top`` innermost
+        functions (``"function (file)"``) with their share of the samples; or ``error`` set.
+
+    Raises:
+        TypeError / ValueError: a non-string or empty ``script``; non-positive ``seconds``,
+        ``rate``, ``top`` or ``timeout``.
+    """
+    if not isinstance(script, str) or not script.strip():
+        raise TypeError("script must be non-empty Python source for python -c")
+    check_positive(seconds, "seconds", allow_none=False, integer=True)
+    check_positive(rate, "rate", allow_none=False, integer=True)
+    check_positive(top, "top", allow_none=False, integer=True)
+    check_positive(timeout, "timeout", allow_none=False)
+    py_spy = shutil.which("py-spy")
+    if py_spy is None:
+        return _failed("py-spy is not installed (pip install py-spy)")
+    child = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    try:
+        ready = threading.Thread(target=child.stdout.readline, daemon=True)
+        ready.start()
+        ready.join(timeout)
+        if ready.is_alive() or child.poll() is not None:
+            return _failed(f"the script to sample did not get ready within {timeout:g} s (or exited)")
+        with tempfile.TemporaryDirectory(prefix="py-spy-") as folder:
+            raw = f"{folder}/samples.txt"
+            dump = subprocess.run(
+                [py_spy, "dump", "--pid", str(child.pid)], capture_output=True, text=True, timeout=timeout
+            )
+            if dump.returncode != 0:
+                return _py_spy_failure("dump", dump, child)
+            rec = subprocess.run(
+                [py_spy, "record", "--pid", str(child.pid), "--duration", str(seconds), "--rate", str(rate),
+                 "--format", "raw", "--output", raw],
+                capture_output=True, text=True, timeout=seconds + timeout,
+            )  # fmt: skip
+            if rec.returncode != 0:
+                return _py_spy_failure("record", rec, child)
+            try:
+                lines = open(raw, encoding="utf-8").read().splitlines()
+            except OSError:
+                lines = []
+    except subprocess.TimeoutExpired as err:
+        return _failed(f"py-spy did not finish within {err.timeout:g} s and was stopped")
+    finally:
+        child.kill()
+        child.wait()
+    leaves: dict[str, int] = {}
+    for line in lines:
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        # The innermost frame, "function (file:line)": lines of one function merged.
+        leaf = re.sub(r":\d+\)$", ")", without_local_paths(stack.split(";")[-1]))
+        leaves[leaf] = leaves.get(leaf, 0) + int(count)
+    total = sum(leaves.values())
+    if total == 0:
+        return _failed("py-spy record ran but wrote no samples")
+    ranked = sorted(leaves.items(), key=lambda kv: -kv[1])[:top]
+    return PySpySample(dump=without_local_paths(dump.stdout.strip()), leaf_shares={k: v / total for k, v in ranked})

@@ -99,8 +99,11 @@ def test_trend_against_paper():
     assert trend_against_paper(0.75, _row(1.2, True)) == "inverts"
     assert trend_against_paper(1.2, _row(1.3, True)) == "holds"
     assert trend_against_paper(0.75, _row(0.6, False)) == "not significant here"
+    # Rows where the paper measured no difference (G3 at some multipliers): read, never a crash.
+    assert trend_against_paper(1.0, _row(0.6, True)) == "no effect in the paper, one here"
+    assert trend_against_paper(1.0, _row(0.99, False)) == "no effect in the paper, none here"
     with pytest.raises(ValueError):
-        trend_against_paper(1.0, _row(0.6, True))
+        trend_against_paper(0.0, _row(0.6, True))
     with pytest.raises(TypeError):
         trend_against_paper(0.75, 0.6)
 

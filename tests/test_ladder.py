@@ -90,13 +90,13 @@ def test_rungs_stack_one_change_at_a_time_and_skipped_rungs_change_nothing():
         Rung("typo", {"chanels_last": True})
 
 
-def fake_result(name, times, target=0.9):
+def fake_result(name, times, target=0.9, compile_seconds=None):
     runs = tuple(
         TrainingRun(
             seed=i,
             trace=TargetTrace((0.95 if t else 0.5,), (t or 9.0,), (1.0,), target),
             images_per_second=100.0,
-            compile_seconds=None,
+            compile_seconds=compile_seconds,
             setup_seconds=0.0,
             peak_memory_bytes=None,
             saved_bytes=1,
@@ -120,6 +120,20 @@ def test_verdicts_read_the_seeds_spread():
     assert ladder.previous("e").name == "d" and "did not" in ladder.verdict("e")
     assert ladder.speedup("b") == pytest.approx(10.5 / 5.5)
     assert len(ladder.summary_rows()) == 6 and "| a |" in ladder.to_markdown()
+
+
+def test_a_rung_that_reused_the_compiled_graph_is_compared_without_the_compile():
+    # In one process the rung after torch.compile reuses its graph (1 ms of compile instead of 15 s);
+    # a reader's fresh process would pay it again, so the verdict compares training times only.
+    ladder = Ladder(
+        (fake_result("eager", [2.0, 2.1]), fake_result("compiled", [16.0, 17.0], compile_seconds=15.0),
+         fake_result("smoothing", [1.0, 1.1], compile_seconds=0.001)),
+        "fake", "cpu", 0.9,
+    )  # fmt: skip
+    assert "slower" in ladder.verdict("compiled")  # compile counted: the reader pays it once
+    # After the compile: [1.0, 2.0] s before against [0.999, 1.099] s here: overlapping seeds, 1.43x.
+    verdict = ladder.verdict("smoothing")
+    assert verdict.startswith("no clear change (1.43x;") and "compile excluded on both sides" in verdict
 
 
 def test_lr_factor_is_airbench_triangle():

@@ -299,18 +299,20 @@ def trend_against_paper(paper_ratio: float, row: ComparisonRow) -> str:
 
     Returns one of: "holds" (significant, same direction, at least as strong), "weaker" (significant,
     same direction, smaller), "inverts" (significant, the other direction), "not significant here"
-    (the run cannot tell: read the comparison's interval, not the paper).
+    (the run cannot tell: read the comparison's interval, not the paper). Where the paper measured no
+    difference (a ratio of exactly 1, as some of its rows do): "no effect in the paper, none here" or
+    "no effect in the paper, one here".
 
     Raises:
         TypeError: ``row`` is not a ``ComparisonRow``.
-        ValueError: ``paper_ratio`` is not a positive number other than 1.
+        ValueError: ``paper_ratio`` is not a positive number.
     """
     if not isinstance(row, ComparisonRow):
         raise TypeError(f"row must be a ComparisonRow (a row of compare()'s result), got {type(row).__name__}")
     if isinstance(paper_ratio, bool) or not isinstance(paper_ratio, (int, float)) or not paper_ratio > 0:
         raise ValueError(f"paper_ratio must be a positive throughput ratio, got {paper_ratio!r}")
     if paper_ratio == 1:
-        raise ValueError("paper_ratio is 1: the paper shows no effect to compare with")
+        return "no effect in the paper, one here" if row.significant else "no effect in the paper, none here"
     if not row.significant:
         return "not significant here"
     if (row.speedup > 1) != (paper_ratio > 1):

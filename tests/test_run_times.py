@@ -6,6 +6,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
+from tricks_lib.formatting import format_seconds
 from tricks_lib.run_times import LEDGER_NAME, MARKER, record_run_time, run_time_line, stamp_run_time
 
 
@@ -53,7 +54,7 @@ def test_refresh_writes_the_recorded_time_into_the_title_cell(tmp_path):
     assert runs[0].ok
     title = nbformat.read(folder / "10_t.ipynb", as_version=4).cells[0].source
     recorded = json.loads((folder / LEDGER_NAME).read_text())["10_t"]["quick"]["seconds"]
-    assert title.startswith("# 10 · Test") and f"quick mode {recorded:.1f} s" in title
+    assert title.startswith("# 10 · Test") and f"quick mode {format_seconds(recorded)}" in title
     assert len(json.loads((folder / LEDGER_NAME).read_text())["10_t"]["quick"]["cells"]) == 1
 
 

@@ -1,0 +1,261 @@
+"""The results of a training ladder: each rung's runs over seeds, and the verdict of each rung.
+
+``Ladder`` reads a rung against the rung before it: "faster" or "slower" only when the seeds' times
+do not overlap; a rung that reused a graph the rung before compiled (one process runs the whole
+ladder) is compared without the compile on both sides, since a reader's fresh process pays it again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from tricks_lib.formatting import format_bytes, format_seconds, markdown_table
+from tricks_lib.summary import SummaryRow
+
+if TYPE_CHECKING:
+    from tricks_lib.ladder import LadderConfig, TrainingRun
+
+__all__ = ["Ladder", "Rung", "RungResult"]
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One trick: a name, the ``LadderConfig`` fields it changes, and why it is skipped here (None: it runs)."""
+
+    name: str
+    changes: dict = dataclasses.field(default_factory=dict)
+    skip_reason: str | None = None
+
+    def __post_init__(self) -> None:
+        from tricks_lib.ladder import LadderConfig  # here, not at the top: ladder imports this module
+
+        unknown = set(self.changes) - {f.name for f in dataclasses.fields(LadderConfig)}
+        if unknown:
+            raise ValueError(f"rung {self.name!r} changes unknown LadderConfig fields {sorted(unknown)}")
+
+
+def _spread(values: Sequence[float]) -> float:
+    return statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+@dataclass(frozen=True)
+class RungResult:
+    """A rung's config and its runs (one per seed), or its skip reason; means and spreads over seeds."""
+
+    name: str
+    config: LadderConfig | None
+    runs: tuple[TrainingRun, ...] = ()
+    skip_reason: str | None = None
+
+    @property
+    def skipped(self) -> bool:
+        return self.skip_reason is not None
+
+    @property
+    def reached(self) -> int:
+        """Seeds that reached the target."""
+        return sum(r.time_to_target is not None for r in self.runs)
+
+    @property
+    def times(self) -> tuple[float, ...]:
+        """Time to target per seed, for the seeds that reached it."""
+        return tuple(r.time_to_target for r in self.runs if r.time_to_target is not None)
+
+    @property
+    def mean_time(self) -> float | None:
+        """Mean time to target, None unless every seed reached it."""
+        return statistics.fmean(self.times) if self.runs and self.reached == len(self.runs) else None
+
+    @property
+    def time_spread(self) -> float | None:
+        return _spread(self.times) if self.mean_time is not None else None
+
+    def mean(self, field: str) -> float | None:
+        """Mean over seeds of a ``TrainingRun`` attribute (None where it is None, or when skipped)."""
+        values = [getattr(r, field) for r in self.runs]
+        return statistics.fmean(values) if values and None not in values else None
+
+    def spread(self, field: str) -> float | None:
+        values = [getattr(r, field) for r in self.runs]
+        return _spread(values) if values and None not in values else None
+
+
+def _after_compile(rung: RungResult) -> tuple[float, ...]:
+    """Time to target per seed without the compile (all seeds reached the target)."""
+    return tuple(r.time_to_target - (r.compile_seconds or 0.0) for r in rung.runs)
+
+
+def _reused_compile(before: RungResult, rung: RungResult) -> bool:
+    """True when ``before`` compiled and ``rung`` (compiled too) paid under a tenth of that: a reused graph."""
+    paid, reused = before.mean("compile_seconds"), rung.mean("compile_seconds")
+    return paid is not None and reused is not None and reused < 0.1 * paid
+
+
+@dataclass(frozen=True)
+class Ladder:
+    """Every rung of a ladder, in order; each rung's config keeps the changes of the rungs before it."""
+
+    record_kind: ClassVar[str] = "ladder"  # the kind ``record()`` files it under
+
+    rungs: tuple[RungResult, ...]
+    data: str
+    device: str
+    target: float
+
+    def __getitem__(self, name: str) -> RungResult:
+        for rung in self.rungs:
+            if rung.name == name:
+                return rung
+        raise KeyError(f"no rung {name!r}; the rungs are {[r.name for r in self.rungs]}")
+
+    @property
+    def ran(self) -> tuple[RungResult, ...]:
+        return tuple(r for r in self.rungs if not r.skipped)
+
+    def previous(self, name: str) -> RungResult | None:
+        """The last rung before ``name`` that ran (what ``name`` is compared with)."""
+        ran = [r.name for r in self.ran]
+        i = ran.index(name)
+        return self[ran[i - 1]] if i > 0 else None
+
+    def verdict(self, name: str) -> str:
+        """``name``'s time to target against the rung before it: faster / slower when the seeds' ranges do
+        not overlap, else "no clear change"; or how many seeds missed the target; or the skip reason."""
+        rung = self[name]
+        if rung.skipped:
+            return f"skipped: {rung.skip_reason}"
+        if rung.mean_time is None:
+            return f"missed the target in {len(rung.runs) - rung.reached} of {len(rung.runs)} seeds"
+        before = self.previous(name)
+        if before is None:
+            return "baseline"
+        if before.mean_time is None:
+            return "reached the target in every seed (the rung before did not)"
+        mine, theirs, note = rung.times, before.times, ""
+        if _reused_compile(before, rung):
+            # The rung before paid the compile; this one reused its graph from the same process, which a
+            # reader's fresh process would not: compare the training time after the compile on both sides.
+            mine, theirs = _after_compile(rung), _after_compile(before)
+            note = ", compile excluded on both sides: this rung reused the graph the rung before compiled"
+        ratio = statistics.fmean(theirs) / statistics.fmean(mine)
+        if max(mine) < min(theirs):
+            return f"{ratio:.2f}x faster to target than the rung before (no seed overlap{note})"
+        if min(mine) > max(theirs):
+            return f"{1 / ratio:.2f}x slower to target than the rung before (no seed overlap{note})"
+        return f"no clear change ({ratio:.2f}x; the seeds' times overlap{note})"
+
+    def helped(self, name: str) -> bool:
+        """True when ``name`` reached the target in every seed, clearly faster than the rung before."""
+        return "faster" in self.verdict(name)
+
+    def speedup(self, name: str) -> float | None:
+        """The baseline's mean time to target over ``name``'s (None when either missed the target)."""
+        base, rung = self.ran[0].mean_time, self[name].mean_time
+        return None if base is None or rung is None else base / rung
+
+    def _row(self, r: RungResult) -> list[str]:
+        def pm(mean, spread, fmt):
+            return "-" if mean is None else f"{fmt(mean)} ± {fmt(spread or 0.0)}"
+
+        if r.skipped:
+            return [r.name, "-", "-", "-", "-", "-", self.verdict(r.name)]
+        compile_s = r.mean("compile_seconds")
+        memory = r.mean("peak_memory_bytes")
+        return [
+            r.name,
+            pm(r.mean_time, r.time_spread, format_seconds)
+            + ("" if r.mean_time else f" ({r.reached}/{len(r.runs)} reached)"),
+            pm(r.mean("final_accuracy"), r.spread("final_accuracy"), lambda a: f"{a:.1%}"),
+            f"{r.mean('images_per_second'):,.0f}",
+            "-" if compile_s is None else format_seconds(compile_s),
+            format_bytes(memory) if memory is not None else f"{format_bytes(r.mean('saved_bytes'))} saved",
+            self.verdict(r.name),
+        ]
+
+    def to_markdown(self) -> str:
+        header = ["rung (cumulative)", "time to target (mean ± sd)", "final accuracy", "train images/s",
+                  "compile", "peak memory (CPU: saved for backward, one step)", "verdict"]  # fmt: skip
+        return markdown_table(header, [self._row(r) for r in self.rungs])
+
+    # Markdown only (no _repr_html_, which Jupyter would prefer): the table renders as a table.
+    def _repr_markdown_(self) -> str:
+        seeds = max((len(r.runs) for r in self.rungs), default=0)
+        return (
+            f"**Time to {self.target:.0%} on {self.data}, {self.device}, {seeds} seed(s) per rung**\n\n"
+            + self.to_markdown()
+        )
+
+    def __repr__(self) -> str:
+        return f"Ladder({len(self.rungs)} rungs, target {self.target:.0%}, {self.data}, {self.device})"
+
+    def summary_rows(self) -> tuple[SummaryRow, ...]:
+        return tuple(
+            SummaryRow(
+                variant=r.name,
+                device=self.device,
+                median_s=r.mean_time,
+                iqr_s=r.time_spread,
+                speedup=None if r.skipped else self.speedup(r.name),
+                verdict=self.verdict(r.name),
+                items_per_second=None if r.skipped else r.mean("images_per_second"),
+                peak_allocated_bytes=None
+                if r.skipped or r.mean("peak_memory_bytes") is None
+                else int(r.mean("peak_memory_bytes")),
+            )  # fmt: skip
+            for r in self.rungs
+        )
+
+    def to_dict(self) -> dict:
+        def finite(x):
+            return x if x is None or math.isfinite(x) else None
+
+        return {
+            "data": self.data,
+            "device": self.device,
+            "target": self.target,
+            "rungs": [
+                {"name": r.name, "skip_reason": r.skip_reason, "config": None if r.config is None else repr(r.config),
+                 "runs": [{"seed": run.seed, "time_to_target_s": finite(run.time_to_target),
+                           "accuracies": list(run.trace.accuracies), "images_per_second": run.images_per_second,
+                           "compile_s": run.compile_seconds, "peak_memory_bytes": run.peak_memory_bytes,
+                           "saved_bytes": run.saved_bytes} for run in r.runs]}
+                for r in self.rungs
+            ],
+        }  # fmt: skip
+
+    def plot(self, axes=None):
+        """Two panels: time to target per rung (mean, one dot per seed), and final accuracy. Returns the axes."""
+        import matplotlib.pyplot as plt
+
+        if axes is None:
+            _, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+        ax_t, ax_a = axes
+        names = [r.name for r in self.rungs]
+        xs = range(len(names))
+        for x, r in zip(xs, self.rungs):
+            if r.skipped:
+                ax_t.annotate("skipped", (x, 0), rotation=90, fontsize=7, color="0.5", ha="center", va="bottom")
+                continue
+            colour = "tab:green" if self.helped(r.name) else "tab:red" if "slower" in self.verdict(r.name) else "0.5"
+            if r.mean_time is not None:
+                ax_t.bar(x, r.mean_time, color=colour, alpha=0.6)
+            ax_t.scatter([x] * len(r.times), r.times, color="k", s=10, zorder=3)
+            accs = [run.final_accuracy for run in r.runs]
+            ax_a.scatter([x] * len(accs), accs, color="k", s=10, zorder=3)
+            ax_a.bar(x, statistics.fmean(accs), color="tab:blue", alpha=0.4)
+        ax_a.axhline(self.target, color="tab:red", ls="--", lw=1, label=f"target {self.target:.0%}")
+        ax_t.set_ylabel("time to target (s); dots: seeds")
+        ax_a.set_ylabel("accuracy at the last evaluation")
+        lows = [a for r in self.ran for a in (run.final_accuracy for run in r.runs)]
+        ax_a.set_ylim(max(0.0, min(lows + [self.target]) - 0.05), min(1.0, max(lows + [self.target]) + 0.03))
+        ax_a.legend(fontsize=8, loc="lower right")
+        for ax in axes:
+            ax.set_xticks(list(xs), names, rotation=40, ha="right", fontsize=8)
+            ax.grid(axis="y", alpha=0.3)
+        ax_t.set_title("green: clearly faster than the rung before; red: clearly slower", fontsize=9)
+        return axes

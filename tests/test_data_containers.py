@@ -165,14 +165,19 @@ def test_tfrecord_checksums_catch_a_flipped_bit(tmp_path):
     samples = make(4)
     path = write_tfrecord(samples, tmp_path / "d.tfrecord")
     data = bytearray(path.read_bytes())
-    data[-20] ^= 0x01  # a bit inside the last record's payload (its JPEG bytes)
+    # A bit inside the last record's JPEG bytes, found by content: protobuf may serialize the features
+    # map in either order (hash-seeded), so a fixed offset from the end can land in the label instead.
+    start = bytes(data).rfind(samples[-1]["jpg"])
+    assert start > 0
+    flip = start + len(samples[-1]["jpg"]) // 2
+    data[flip] ^= 0x01
     path.write_bytes(bytes(data))
     with pytest.raises(ShardError, match="data fails its CRC32C"):
         list(read_tfrecord(path, ["jpg", "cls"]))
     # The tfrecord package's own reader returns the flipped byte without a word.
     loaded = list(tfrecord_loader(str(path), None, {"jpg": "byte"}))
     assert len(loaded) == 4 and bytes(loaded[-1]["jpg"]) != samples[-1]["jpg"]
-    data[-20] ^= 0x01
+    data[flip] ^= 0x01
     data[3] ^= 0x10  # the first record's length
     path.write_bytes(bytes(data))
     with pytest.raises(ShardError, match="length fails its CRC32C") as err:

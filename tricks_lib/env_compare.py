@@ -31,13 +31,10 @@ import torch
 
 from tricks_lib._validate import check_positive
 from tricks_lib.env import pick_device
-from tricks_lib.measurements import Comparison, ComparisonRow, Measurement
+from tricks_lib.measurements import Comparison, Measurement, paired_row
 from tricks_lib.stats import (
     DEFAULT_MIN_EFFECT,
     MIN_ROUNDS_FOR_VERDICT,
-    paired_speedup,
-    replicate_speedups,
-    replicates_agree,
 )
 
 __all__ = ["ALLOCATORS", "compare_environments", "evaluate_in_environments", "find_shared_library"]
@@ -308,9 +305,8 @@ def compare_environments(
             for worker in workers.values():
                 worker.close()
     replicate_rounds = tuple(per_replicate) if replicates > 1 else ()
-    rows = []
-    for name in names:
-        m = Measurement(
+    measurements = {
+        name: Measurement(
             label=name,
             times=tuple(times[name]),
             number_per_block=numbers[name],
@@ -318,26 +314,12 @@ def compare_environments(
             num_threads=worker_threads[name],
             items=items,
         )
-        each: tuple[float, ...] = ()
-        if name == baseline:
-            speedup, lo, hi, pooled = 1.0, 1.0, 1.0, False
-        else:
-            speedup, lo, hi, pooled = paired_speedup(times[baseline], times[name], 1, 1, min_effect)
-            if replicate_rounds:
-                each = replicate_speedups(times[baseline], times[name], 1, 1, replicate_rounds)
-        rows.append(
-            ComparisonRow(
-                name=name,
-                measurement=m,
-                speedup=speedup,
-                ci_low=lo,
-                ci_high=hi,
-                significant=pooled and replicates_agree(each, min_effect),
-                is_baseline=name == baseline,
-                replicate_speedups=each,
-                pooled_significant=pooled,
-            )
-        )
+        for name in names
+    }
+    rows = [
+        paired_row(m, measurements[baseline], min_effect=min_effect, replicate_rounds=replicate_rounds)
+        for m in measurements.values()
+    ]
     return Comparison(
         label=label or f"environments vs {baseline}",
         baseline=baseline,

@@ -29,7 +29,7 @@ from tricks_lib.summary import SummaryRow
 if TYPE_CHECKING:
     from tricks_lib.memory import MemoryReport
 
-__all__ = ["Comparison", "ComparisonRow", "Measurement"]
+__all__ = ["Comparison", "ComparisonRow", "Measurement", "paired_row"]
 
 
 @dataclass(frozen=True)
@@ -333,3 +333,40 @@ class Comparison:
             "num_threads": self.num_threads,
             "rows": [r.to_dict() for r in self.rows],
         }
+
+
+def paired_row(
+    measurement: Measurement,
+    baseline: Measurement,
+    *,
+    min_effect: float,
+    scale: int = 1,
+    base_scale: int = 1,
+    replicate_rounds: tuple[int, ...] = (),
+    **fields,
+) -> ComparisonRow:
+    """``measurement`` read against ``baseline`` from their paired per-round block times.
+
+    ``scale``/``base_scale``: items per call, so that different batch sizes compare by throughput.
+    With ``replicate_rounds``, significant also needs every replicate to agree. ``fields``: the
+    row's other fields (memory, suspect). The baseline's own row is ``paired_row(b, b, ...)``.
+    """
+    each: tuple[float, ...] = ()
+    if measurement is baseline:
+        speedup, lo, hi, pooled = 1.0, 1.0, 1.0, False
+    else:
+        speedup, lo, hi, pooled = paired_speedup(baseline.times, measurement.times, base_scale, scale, min_effect)
+        if replicate_rounds:
+            each = replicate_speedups(baseline.times, measurement.times, base_scale, scale, replicate_rounds)
+    return ComparisonRow(
+        name=measurement.label,
+        measurement=measurement,
+        speedup=speedup,
+        ci_low=lo,
+        ci_high=hi,
+        significant=pooled and replicates_agree(each, min_effect),
+        is_baseline=measurement is baseline,
+        replicate_speedups=each,
+        pooled_significant=pooled,
+        **fields,
+    )

@@ -25,15 +25,13 @@ import torch
 
 from tricks_lib._validate import check_callable, check_flag, check_non_negative_int, check_positive
 from tricks_lib.env import pick_device, quick_mode
-from tricks_lib.measurements import Comparison, ComparisonRow, Measurement
+from tricks_lib.measurements import Comparison, ComparisonRow, Measurement, paired_row
 from tricks_lib.stats import (
     CONFIDENCE,
     DEFAULT_MIN_EFFECT,
     MIN_BLOCKS_FOR_SPREAD,
     MIN_ROUNDS_FOR_VERDICT,
     paired_speedup,
-    replicate_speedups,
-    replicates_agree,
 )
 
 if TYPE_CHECKING:
@@ -425,13 +423,6 @@ def _read_rows(
 
     rows = []
     for name, m in measurements.items():
-        each: tuple[float, ...] = ()
-        if name == base:
-            speedup, lo, hi, pooled = 1.0, 1.0, 1.0, False
-        else:
-            speedup, lo, hi, pooled = paired(name, base)
-            if spec.replicates > 1:
-                each = replicate_speedups(measurements[base].times, m.times, scale[base], scale[name], replicate_rounds)
         suspect = None
         lighter = spec.more_work.get(name)
         if lighter is not None:
@@ -442,18 +433,15 @@ def _read_rows(
                     "effect (run order, caches, memory allocation), not a speedup from the extra work"
                 )
         rows.append(
-            ComparisonRow(
-                name=name,
-                measurement=m,
-                speedup=speedup,
-                ci_low=lo,
-                ci_high=hi,
-                significant=pooled and replicates_agree(each, spec.min_effect),
-                is_baseline=name == base,
+            paired_row(
+                m,
+                measurements[base],
+                min_effect=spec.min_effect,
+                scale=scale[name],
+                base_scale=scale[base],
+                replicate_rounds=replicate_rounds if spec.replicates > 1 else (),
                 memory=reports.get(name),
                 suspect=suspect,
-                replicate_speedups=each,
-                pooled_significant=pooled,
             )
         )
     return tuple(rows)

@@ -513,3 +513,22 @@ def test_compare_checks_that_variants_agree_before_timing():
     assert timed == [1]  # called once for the check, never timed
     with pytest.raises(TypeError, match="check"):
         compare(same, baseline="matmul", min_rounds=8, check="assert_close")
+
+
+def test_default_budget_gives_a_slow_call_more_rounds_than_the_floor():
+    # Each call (~2 ms) outlasts a block (0.02 s / 30), so 15 rounds already exceed the 0.02 s budget:
+    # the fixed default stopped there. The adaptive default goes on while 30 rounds (0.06 s per variant)
+    # fit in 4x the budget (0.08 s).
+    c = compare({"a": busy(0.002), "b": busy(0.002)}, baseline="a", min_run_time=0.02, warmup=0, device="cpu")
+    assert 15 < c.rounds <= 30, c.rounds
+
+
+def test_an_explicit_min_rounds_is_not_extended():
+    c = compare({"a": busy(0.003), "b": busy(0.003)}, baseline="a", min_rounds=15, min_run_time=0.02, device="cpu")
+    assert c.rounds == 15, c.rounds
+
+
+def test_a_call_too_slow_for_thirty_rounds_in_the_cap_stays_at_the_floor():
+    # 30 rounds of 2 x 10 ms would be 0.6 s, past 4 x 0.02 s x 2 variants: the floor of 15 holds.
+    c = compare({"a": busy(0.01), "b": busy(0.01)}, baseline="a", min_run_time=0.02, warmup=0, device="cpu")
+    assert c.rounds == 15, c.rounds

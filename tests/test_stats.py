@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 
 from tricks_lib.stats import median_interval, paired_speedup, replicate_speedups, replicates_agree
@@ -40,3 +41,22 @@ def test_replicates_agree_only_when_each_is_past_the_threshold_on_one_side():
     assert not replicates_agree((1.2, 1.02, 1.3), 0.03)  # one replicate within 3%
     assert not replicates_agree((1.2, 0.8), 0.03)  # opposite directions
     assert replicates_agree((), 0.03) and replicates_agree((1.0,), 0.03)  # nothing to agree with
+
+
+def test_the_speedup_lies_inside_the_interval_printed_beside_it():
+    # Replicates at different machine levels (each a fresh build): the ratio of the pooled medians can
+    # fall outside the interval of the paired per-round ratios ("x1.09 [0.91, 0.98]" was printed).
+    rng = np.random.default_rng(0)
+    outside_before = 0
+    for _ in range(300):
+        base, var = [], []
+        for level in rng.uniform(1.0, 3.0, size=3):
+            shift = rng.uniform(0.8, 1.25)
+            b = level * rng.lognormal(0.0, 0.05, size=10)
+            base += list(b)
+            var += list(b * shift * rng.lognormal(0.0, 0.05, size=10) * rng.uniform(0.7, 1.4))
+        speedup, lo, hi, _ = paired_speedup(base, var, 1, 1, 0.03)
+        assert lo <= speedup <= hi, (speedup, lo, hi)
+        ratio_of_medians = float(np.median(base) / np.median(var))
+        outside_before += not lo <= ratio_of_medians <= hi
+    assert outside_before > 0  # the data do contain the case the old reading printed

@@ -92,3 +92,69 @@ def test_badges_and_setup_cells_use_the_one_repository_address():
         assert "git+{REPOSITORY}" in setup and "github.com" not in setup.replace(f'"{repo}"', ""), path.name
         # A failed install ends in one sentence that names the address, not a bare ModuleNotFoundError.
         assert 'raise RuntimeError(f"Installing tricks_lib from {REPOSITORY} failed' in setup, path.name
+
+
+def test_the_wheel_lists_every_subpackage_and_ships_the_notebooks():
+    # The packages are listed (a mapped folder is not found by packages.find): a new subpackage of
+    # tricks_lib/ that is not listed here would be missing from every wheel.
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    on_disk = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "tricks_lib").rglob("__init__.py")} - {""}
+    assert set(setuptools["packages"]) == on_disk | {"tricks_lib.notebooks"}
+    assert setuptools["package-dir"] == {"tricks_lib.notebooks": "notebooks"}
+    assert setuptools["package-data"]["tricks_lib.notebooks"] == ["*.ipynb", "run_times.json"]
+
+
+@pytest.mark.slow
+def test_an_installed_wheel_finds_its_notebooks_from_anywhere(tmp_path):
+    # Build a wheel from a copy of the checkout (the build writes build/ and egg-info beside the sources),
+    # install it into a bare folder, and ask the main command, from elsewhere, what it would run.
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    for folder in ("tricks_lib", "notebooks"):
+        shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__", ".*"))
+    wheels = tmp_path / "wheels"
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input", "-q"]
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", str(source), "-w", str(wheels)], check=True)
+    (wheel,) = wheels.glob("tricks_lib-*.whl")
+    notebooks = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
+    shipped = sorted(
+        n.removeprefix("tricks_lib/notebooks/") for n in zipfile.ZipFile(wheel).namelist() if "/notebooks/" in n
+    )
+    assert shipped == sorted([*notebooks, "run_times.json"])
+    modules = {p.relative_to(source).as_posix() for p in (source / "tricks_lib").rglob("*.py")}
+    assert modules <= set(zipfile.ZipFile(wheel).namelist())  # every module, in every subpackage
+    site = tmp_path / "site"
+    subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)], check=True)
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(site), "TRICKS_QUICK": "1"}
+
+    def main_command(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "tricks_lib", "run", *args],
+            cwd=elsewhere,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    listing = main_command("--dry-run", "--out", "results")
+    assert listing.returncode == 0, listing.stderr
+    lines = listing.stdout.splitlines()
+    assert lines[0] == f"Notebooks: {(site / 'tricks_lib' / 'notebooks').resolve()} (installed package)"
+    assert lines[1] == f"Would run {len(notebooks)} notebook(s) in quick mode -> results/"
+    assert [line.split()[0] for line in lines[2:]] == [n.removesuffix(".ipynb") for n in notebooks]
+    assert any("last quick run" in line for line in lines[2:])  # the shipped ledger came along
+    refused = main_command("--refresh", "--only", "00", "--out", "results")
+    assert refused.returncode == 2 and "installed package's copy" in refused.stderr
+    assert sorted(os.listdir(elsewhere)) == []  # neither listing nor refusing wrote anything

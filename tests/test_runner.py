@@ -5,9 +5,17 @@ import json
 import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+from test_summary_html import parse_page
 
 from tricks_lib.__main__ import main
-from tricks_lib.runner import find_notebooks, hygiene_problems, run_notebooks, write_summary
+from tricks_lib.runner import (
+    NotebookSource,
+    find_notebooks,
+    hygiene_problems,
+    locate_notebooks,
+    run_notebooks,
+    write_summary,
+)
 
 KERNELSPEC = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
 
@@ -173,12 +181,18 @@ def test_a_subset_run_merges_into_the_earlier_run_and_says_so(notebooks, tmp_pat
     first_10 = next(s for s in first["notebooks"] if s["notebook"] == "10_ok")
     assert by_name["10_ok"]["finished_at"] == first_10["finished_at"]
     assert "(earlier run, kept)" in (out / "summary.md").read_text()
+    # summary.html follows the merged summary.json: a section per notebook it lists, the kept one marked.
+    page = parse_page((out / "summary.html").read_text())
+    assert page.sections == [f"nb-{s['notebook']}" for s in merged["notebooks"]] == ["nb-10_ok", "nb-15_env"]
+    assert "(earlier run, kept)" in " ".join(page.text) and "noop" in " ".join(page.text)
     # A full-mode run of a subset does not merge into a quick-mode folder: it replaces it, and says so.
     monkeypatch.setenv("TRICKS_QUICK", "0")
     assert main(["run", "--notebooks", str(notebooks), "--out", str(out), "--no-progress", "--only", "15"]) == 0
     assert "Summary replaced: the earlier run" in capsys.readouterr().err
     replaced = json.loads((out / "summary.json").read_text())
     assert [s["notebook"] for s in replaced["notebooks"]] == ["15_env"] and replaced["measurements"] == []
+    page = parse_page((out / "summary.html").read_text())
+    assert page.sections == ["nb-15_env"] and "noop" not in " ".join(page.text)
 
 
 @pytest.mark.slow
@@ -237,3 +251,61 @@ def test_describe_prints_cpu_flags_readably(capsys):
     assert main(["describe"]) == 0
     lines = {line.split(":", 1)[0].strip(): line for line in capsys.readouterr().out.splitlines()[1:]}
     assert "(" not in lines["cpu_flags"] and "'" not in lines["cpu_flags"]
+
+
+def _as_an_installed_package(monkeypatch, shipped):
+    """This process's tricks_lib, seen as a wheel install that ships ``shipped`` (no checkout around it)."""
+    import tricks_lib.notebook_source as source
+
+    monkeypatch.setattr(source, "_checkout_notebook_dir", lambda: None)
+    monkeypatch.setattr(source, "shipped_notebook_dir", lambda: shipped.resolve())
+
+
+def test_notebooks_are_found_where_given_then_in_the_checkout_then_in_the_installed_package(
+    notebooks, tmp_path, monkeypatch
+):
+    from pathlib import Path
+
+    assert locate_notebooks(notebooks) == NotebookSource(notebooks, "--notebooks")
+    here = locate_notebooks()
+    assert (here.origin, here.folder) == ("checkout", Path(__file__).resolve().parents[1] / "notebooks")
+    with pytest.raises(ValueError, match="not a folder"):
+        locate_notebooks(tmp_path / "missing")
+    _as_an_installed_package(monkeypatch, notebooks)
+    shipped = locate_notebooks()
+    assert shipped.shipped and shipped.origin == "installed package" and shipped.folder == notebooks.resolve()
+    _as_an_installed_package(monkeypatch, tmp_path / "nothing_shipped")
+    with pytest.raises(ValueError, match="pass --notebooks DIR"):
+        locate_notebooks()
+
+
+def test_dry_run_lists_the_notebooks_and_where_they_were_found_and_runs_none(notebooks, tmp_path, capsys):
+    out = tmp_path / "o"
+    assert main(["run", "--dry-run", "--quick", "--notebooks", str(notebooks), "--out", str(out), "--only", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"Notebooks: {notebooks} (--notebooks)"
+    assert lines[1] == f"Would run 2 notebook(s) in quick mode -> {out}/"
+    assert [line.split()[0] for line in lines[2:]] == ["10_ok", "15_env"]
+    assert all(line.endswith("no quick run recorded") for line in lines[2:]) and not out.exists()
+
+
+def test_the_installed_package_s_notebooks_are_never_refreshed(notebooks, tmp_path, monkeypatch, capsys):
+    _as_an_installed_package(monkeypatch, notebooks)
+    assert main(["run", "--refresh", "--quick", "--out", str(tmp_path / "o"), "--no-progress"]) == 2
+    assert "installed package's copy" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="run it in a clone"):
+        run_notebooks(find_notebooks(notebooks, ["10"]), tmp_path / "o", quick=True, refresh=True, progress=False)
+
+
+@pytest.mark.slow
+def test_shipped_notebooks_run_in_the_output_folder_and_record_their_times_there(notebooks, tmp_path, monkeypatch):
+    write_nb(notebooks / "16_cwd.ipynb", "import os\nos.getcwd()")
+    _as_an_installed_package(monkeypatch, notebooks)
+    before = sorted(p.name for p in notebooks.iterdir())
+    out = tmp_path / "out"
+    runs = run_notebooks(find_notebooks(notebooks, ["16"]), out, quick=True, progress=False)
+    assert runs[0].ok, runs[0].error
+    executed = nbformat.read(out / "notebooks" / "16_cwd.ipynb", as_version=4)
+    assert executed.cells[-1].outputs[0]["data"]["text/plain"] == repr(str((out / "notebooks").resolve()))
+    assert "16_cwd" in json.loads((out / "run_times.json").read_text())
+    assert sorted(p.name for p in notebooks.iterdir()) == before  # nothing written beside the shipped copies

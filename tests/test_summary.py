@@ -17,6 +17,7 @@ from tricks_lib.summary import SUMMARY_ROW_KEYS, NotebookStatus, write_summary_f
 PINNED_KEYS = (
     "notebook",
     "trick",
+    "kind",
     "variant",
     "device",
     "median_s",
@@ -28,6 +29,9 @@ PINNED_KEYS = (
     "peak_saved_bytes",
     "peak_allocated_bytes",
     "noisy",
+    "speedup_low",
+    "speedup_high",
+    "significant",
 )
 
 
@@ -110,8 +114,12 @@ def test_every_result_type_reaches_both_summary_files(monkeypatch, tmp_path):
     for r in rows:
         by_trick.setdefault(r["trick"], []).append(r)
     assert [r["variant"] for r in by_trick["comparison"]] == ["step", "fast"]
-    fast = by_trick["comparison"][1]
+    step, fast = by_trick["comparison"]
     assert fast["verdict"] == "2.00x faster" and fast["saved_bytes"] == 4096 and fast["peak_saved_bytes"] == 2048
+    # The paired interval and significance reach the row (the HTML page plots them); not for the baseline.
+    assert (fast["speedup_low"], fast["speedup_high"], fast["significant"]) == (1.9, 2.1, True)
+    assert (step["speedup_low"], step["speedup_high"], step["significant"]) == (None, None, None)
+    assert {r["kind"] for r in rows} == set(results) and all(r["kind"] == r["trick"] for r in rows)
     assert [r["median_s"] for r in by_trick["compile"]] == [9.0, 0.7, 1.0]
     assert by_trick["batch search"][0]["verdict"].startswith("batch 64 within 1.00 MiB")
     assert by_trick["batch search"][0]["saved_bytes"] == 1000
@@ -125,8 +133,9 @@ def test_every_result_type_reaches_both_summary_files(monkeypatch, tmp_path):
     section = md.split("\n## 99_test\n", 1)[1]
     assert len([line for line in section.splitlines() if line.startswith("| ") and "---" not in line]) == len(rows) + 1
     assert "| comparison | fast | 500 us |" in section
+    assert "| 2.00x [1.90, 2.10] | 2.00x faster |" in section
     # No temporary files left next to the final names.
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["records.jsonl", "summary.json", "summary.md"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["records.jsonl", "summary.html", "summary.json", "summary.md"]
 
 
 def test_a_noisy_time_is_flagged_in_both_summary_files(tmp_path, monkeypatch):
@@ -143,3 +152,25 @@ def test_a_noisy_time_is_flagged_in_both_summary_files(tmp_path, monkeypatch):
     assert rows["noisy"]["noisy"] is True and rows["quiet"]["noisy"] is False
     lines = {line.split(" | ")[0]: line for line in md_path.read_text().splitlines() if line.startswith("| ")}
     assert "(noisy)" in lines["| noisy"] and "(noisy)" not in lines["| quiet"]
+
+
+def test_an_earlier_record_without_the_interval_in_its_rows_gets_it_from_its_details(tmp_path):
+    # A record written before the summary row carried the interval (a subset run merges such records)
+    # still has it in its details; its rows get the pinned keys, each one that it lacks read as None.
+    from tricks_lib.results import Record
+
+    old_row = {"variant": "fast", "device": "cpu", "median_s": 1e-3, "speedup": 2.0, "verdict": "2.00x faster"}
+    rec = Record(
+        "97_old",
+        "old comparison",
+        "comparison",
+        rows=({"variant": "fast", "speedup_ci": [1.8, 2.2], "significant": True},),
+        device="cpu",
+        machine="m",
+        summary=(old_row,),
+    )
+    from tricks_lib.summary import summary_rows
+
+    (row,) = summary_rows([rec])
+    assert tuple(row) == PINNED_KEYS
+    assert (row["speedup_low"], row["speedup_high"], row["significant"], row["noisy"]) == (1.8, 2.2, True, None)

@@ -1,10 +1,15 @@
 """The main job: execute the notebooks headless on this machine and summarize every measurement.
 
 ``python -m tricks_lib run`` runs each notebook in a fresh kernel of this interpreter (nbclient),
-writes the executed notebooks and a summary (Markdown and JSON) into an output folder, and fails
+writes the executed notebooks and a summary (Markdown, JSON and HTML) into an output folder, and fails
 naming the notebook and cell that broke. ``--refresh`` also stores the outputs back into
 ``notebooks/`` (after checking them for errors and local paths), which is the only way the stored
 outputs are meant to change.
+
+Which notebooks (``locate_notebooks``): ``--notebooks DIR`` when given; else the ``notebooks/`` folder
+of the checkout this package was imported from (a clone, or an editable install); else the copies
+shipped inside an installed package (``tricks_lib/notebooks/`` in the wheel). The shipped copies are
+only read: their kernels start in the output folder and their run times are recorded there.
 """
 
 from __future__ import annotations
@@ -15,7 +20,6 @@ import os
 import re
 import shutil
 import signal
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -27,6 +31,16 @@ from jupyter_client.kernelspec import KernelSpecManager
 
 from tricks_lib._atomic import write_bytes_atomic
 from tricks_lib.env import QUICK_ENV_VAR, describe
+from tricks_lib.notebook_source import (  # noqa: F401  (re-exported: these lived here)
+    NotebookSource,
+    _is_shipped,
+    find_notebooks,
+    hygiene_problems,
+    last_run_seconds,
+    local_path_pattern,
+    locate_notebooks,
+    shipped_notebook_dir,
+)
 from tricks_lib.results import NOTEBOOK_ENV_VAR, RESULTS_ENV_VAR, load_records
 from tricks_lib.run_times import record_run_time, recorded_cell_seconds, run_time_line, stamp_run_time
 from tricks_lib.summary import NotebookStatus, write_summary_files
@@ -35,10 +49,14 @@ from tricks_lib.timing import PROGRESS_ENV_VAR
 __all__ = [
     "EarlierResults",
     "NotebookRun",
+    "NotebookSource",
     "earlier_results",
     "find_notebooks",
+    "last_run_seconds",
     "local_path_pattern",
+    "locate_notebooks",
     "run_notebooks",
+    "shipped_notebook_dir",
     "write_summary",
 ]
 
@@ -82,26 +100,6 @@ class NotebookRun:
 
     def describe_failure(self) -> str:
         return f"{self.name}.ipynb, {self.failure_location}: {self.error}"
-
-
-def find_notebooks(notebook_dir: Path, only: Sequence[str] | None = None) -> list[Path]:
-    """The notebooks to run, in order; ``only`` selects by number or name prefix ("03", "03_memory").
-
-    Raises:
-        ValueError: the folder holds no notebooks, or a selector matches none.
-    """
-    paths = sorted(p for p in notebook_dir.glob("*.ipynb") if not p.name.startswith("."))
-    if not paths:
-        raise ValueError(f"no notebooks found in {notebook_dir}; run from the repository root or pass --notebooks")
-    if not only:
-        return paths
-    chosen = []
-    for selector in only:
-        matches = [p for p in paths if p.stem == selector or p.stem.startswith(selector)]
-        if not matches:
-            raise ValueError(f"--only {selector!r} matches no notebook; choose from {[p.stem for p in paths]}")
-        chosen += [p for p in matches if p not in chosen]
-    return sorted(chosen)
 
 
 @dataclass(frozen=True)
@@ -162,53 +160,6 @@ def _carry_over(out_dir: Path, names: set[str], quick: bool) -> tuple[list[Noteb
         if line.strip() and json.loads(line).get("notebook") in kept
     ]
     return runs, lines
-
-
-def local_path_pattern() -> re.Pattern:
-    """Paths that must never appear in stored outputs: this checkout, home, temp, the interpreter."""
-    roots = {
-        str(Path.cwd().resolve().parent),
-        str(Path.home()),
-        tempfile.gettempdir(),
-        "/tmp",
-        sys.prefix,
-        sys.base_prefix,
-    }
-    roots = {r.rstrip("/") for r in roots if r and r != "/"}
-    alternatives = "|".join(re.escape(r) + "/" for r in sorted(roots, key=len, reverse=True))
-    return re.compile(f"({alternatives}|/home/|/root/|/Users/)")
-
-
-def _output_texts(output: dict) -> list[str]:
-    texts = []
-    if "text" in output:
-        texts.append("".join(output["text"]) if isinstance(output["text"], list) else output["text"])
-    for key, value in output.get("data", {}).items():
-        if key.startswith("text/") or key == "application/json":
-            texts.append(value if isinstance(value, str) else json.dumps(value))
-    if output.get("output_type") == "error":
-        texts.extend(output.get("traceback", []))
-    return texts
-
-
-def hygiene_problems(nb) -> list[str]:
-    """Reasons a notebook's outputs may not be stored: error outputs, missing counts, local paths."""
-    problems = []
-    leak = local_path_pattern()
-    for index, cell in enumerate(nb.cells):
-        if cell.cell_type != "code":
-            continue
-        if cell.outputs and cell.execution_count is None:
-            problems.append(f"cell {index}: outputs without an execution count")
-        for output in cell.outputs:
-            if output.get("output_type") == "error":
-                problems.append(f"cell {index}: an error output ({output.get('ename')})")
-            for text in _output_texts(output):
-                match = leak.search(text)
-                if match:
-                    problems.append(f"cell {index}: a local path in an output ({match.group(0)}...)")
-                    break
-    return problems
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -306,8 +257,18 @@ def run_notebooks(
 
     With ``refresh``, a notebook that ran cleanly and passes ``hygiene_problems`` is also written
     back in place. Records from ``tricks_lib.results.record`` land in ``out_dir/records.jsonl``.
-    """
+    The installed package's shipped notebooks are only read: their kernels start in
+    ``out_dir/notebooks`` and their run times go to ``out_dir/run_times.json``.
 
+    Raises:
+        ValueError: ``refresh`` for the installed package's shipped notebooks (refresh a checkout).
+    """
+    out_dir = Path(out_dir)
+    if refresh and any(_is_shipped(p.parent) for p in paths):
+        raise ValueError(
+            "--refresh stores outputs back into a checkout's notebooks/, not into the installed package's "
+            f"copies ({shipped_notebook_dir()}); run it in a clone of the repository"
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
     executed_dir = out_dir / "notebooks"
     executed_dir.mkdir(exist_ok=True)
@@ -356,9 +317,14 @@ def run_notebooks(
                 runs.append(NotebookRun(path.stem, False, 0.0, None, f"cannot be read: {_last_line(str(err))}"))
                 continue
             n_code = sum(c.cell_type == "code" for c in nb.cells)
+            shipped = _is_shipped(path.parent)
+            ledger_dir = out_dir if shipped else path.parent  # never write into an installed package
+            kernel_dir = executed_dir if shipped else path.parent
             # The bar advances by each cell's last recorded time, so that its estimate means something
             # (one cell of 01 takes minutes, most take milliseconds); by cells where none is recorded.
-            weights = recorded_cell_seconds(path.parent, path.stem, quick=quick, cells=n_code)
+            weights = recorded_cell_seconds(ledger_dir, path.stem, quick=quick, cells=n_code)
+            if weights is None and shipped:
+                weights = recorded_cell_seconds(path.parent, path.stem, quick=quick, cells=n_code)
             cell_seconds: list[float] = []
             bar = _progress(weights, n_code, path.stem, progress)
 
@@ -367,7 +333,7 @@ def run_notebooks(
                 cell_seconds.append(seconds)
 
             try:
-                failed_cell, error = _execute(nb, path.parent, timeout, on_cell, lambda: interrupted.update(now=True))
+                failed_cell, error = _execute(nb, kernel_dir, timeout, on_cell, lambda: interrupted.update(now=True))
             except KeyboardInterrupt:
                 interrupted["now"], failed_cell, error = True, None, None
             finally:
@@ -388,7 +354,7 @@ def run_notebooks(
             if run.ok:
                 # The ledger beside the notebooks: what the title cell's run-time line reads on --refresh.
                 record_run_time(
-                    path.parent, path.stem, quick=quick, seconds=run.seconds, machine=machine, cells=cell_seconds
+                    ledger_dir, path.stem, quick=quick, seconds=run.seconds, machine=machine, cells=cell_seconds
                 )
             _write_notebook(nb, executed_dir / path.name)
             if run.ok and refresh:
@@ -431,7 +397,10 @@ def _in_main_thread() -> bool:
 
 
 def write_summary(out_dir: Path, runs: Sequence[NotebookRun], *, quick: bool) -> tuple[Path, Path]:
-    """Write ``summary.json`` and ``summary.md`` from the run's records; returns both paths."""
+    """Write ``summary.json``, ``summary.md`` and ``summary.html`` from the run's records; returns (md, json).
+
+    The HTML page (``out_dir/summary.html``) is drawn from the same document as ``summary.json``.
+    """
     env = dataclasses.replace(describe(), quick_mode=quick)  # the mode the notebooks ran in
     statuses = [
         NotebookStatus(r.name, r.ok, round(r.seconds, 2), r.failed_cell_label, r.error, r.finished_at, r.carried_over)

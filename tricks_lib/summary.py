@@ -1,10 +1,12 @@
-"""The run summary: one frozen row type that every result renders itself into, and its two files.
+"""The run summary: one frozen row type that every result renders itself into, and its three files.
 
 Each result type owns its rows (``result.summary_rows()``), so ``record()`` takes any of them and
 the writer never guesses keys. ``summary.json`` holds the machine, the notebooks' status and one
-row per variant; ``summary.md`` is the same as tables. The rows of the notebooks' verdict tables (``tricks_lib.verdicts``) go to their own list,
-"verdicts", with the same keys. ``SUMMARY_ROW_KEYS`` pins the row schema
-(tests/test_summary.py checks both files against it).
+row per variant; ``summary.md`` is the same as tables; ``summary.html`` adds each comparison's
+speedup plot (``tricks_lib.summary_html``, drawn from the same document, so the three never disagree).
+The rows of the notebooks' verdict tables (``tricks_lib.verdicts``) go to their own list, "verdicts",
+with the same keys. ``SUMMARY_ROW_KEYS`` pins the row schema (tests/test_summary.py checks the files
+against it).
 """
 
 from __future__ import annotations
@@ -21,7 +23,15 @@ from tricks_lib.formatting import format_bytes, format_seconds
 if TYPE_CHECKING:
     from tricks_lib.env import EnvInfo
 
-__all__ = ["SUMMARY_ROW_KEYS", "NotebookStatus", "Summarizable", "SummaryRow", "summary_rows", "write_summary_files"]
+__all__ = [
+    "SUMMARY_ROW_KEYS",
+    "NotebookStatus",
+    "Summarizable",
+    "SummaryRow",
+    "speedup_text",
+    "summary_rows",
+    "write_summary_files",
+]
 
 
 @dataclass(frozen=True)
@@ -39,6 +49,11 @@ class SummaryRow:
     peak_saved_bytes: int | None = None
     peak_allocated_bytes: int | None = None
     noisy: bool | None = None  # the spread (IQR) is more than 10% of the median: read with care
+    # The paired confidence interval of ``speedup`` and whether it clears the comparison's threshold
+    # (comparisons only; None for the baseline and for results that are not paired comparisons).
+    speedup_low: float | None = None
+    speedup_high: float | None = None
+    significant: bool | None = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -50,6 +65,7 @@ class RecordLike(Protocol):
     notebook: str
     trick: str
     kind: str
+    rows: tuple[dict, ...]  # the result's details (a comparison's: one per variant, with "speedup_ci")
     summary: tuple[dict, ...]
 
 
@@ -63,8 +79,9 @@ class Summarizable(Protocol):
     def to_dict(self) -> dict: ...
 
 
-# The keys of every row of summary.json's "measurements", in order.
-SUMMARY_ROW_KEYS = ("notebook", "trick", *(f.name for f in dataclasses.fields(SummaryRow)))
+# The keys of every row of summary.json's "measurements" (and "verdicts"), in order. "kind" is the
+# result's type as recorded ("comparison", "measurement", "memory", "compile", ..., "verdict").
+SUMMARY_ROW_KEYS = ("notebook", "trick", "kind", *(f.name for f in dataclasses.fields(SummaryRow)))
 
 
 @dataclass(frozen=True)
@@ -88,21 +105,47 @@ def _time(seconds: float | None) -> str:
     return "-" if seconds is None else format_seconds(seconds)
 
 
-def summary_rows(records: Sequence[RecordLike], *, verdicts: bool = False) -> list[dict]:
-    """Rows of summary.json: each record's own summary rows, stamped with its names.
+def _paired(rec: RecordLike, row: dict) -> dict:
+    """A comparison's interval and significance for ``row``, from the record's details when the row lacks them.
 
-    ``verdicts=False``: the measurements; ``True``: the rows of the notebooks' verdict tables.
+    Records written before the summary row carried them (an earlier run merged into this one) hold
+    them only in their details (``speedup_ci``, ``significant``).
     """
-    return [
-        {"notebook": rec.notebook, "trick": rec.trick, **row}
-        for rec in records
-        if (rec.kind == "verdict") == verdicts
-        for row in rec.summary
-    ]
+    if rec.kind != "comparison" or row.get("verdict") == "baseline":
+        return {}
+    detail = next((d for d in rec.rows if str(d.get("variant")) == str(row.get("variant"))), {})
+    low, high = (list(detail.get("speedup_ci") or ()) + [None, None])[:2]
+    filled = {"speedup_low": low, "speedup_high": high, "significant": detail.get("significant")}
+    return {k: v for k, v in filled.items() if row.get(k) is None and v is not None}
+
+
+def summary_rows(records: Sequence[RecordLike], *, verdicts: bool = False) -> list[dict]:
+    """Rows of summary.json: each record's own summary rows, stamped with its names and kind.
+
+    ``verdicts=False``: the measurements; ``True``: the rows of the notebooks' verdict tables. Every
+    row has exactly ``SUMMARY_ROW_KEYS``, in order (a key an older record lacks reads None).
+    """
+    out = []
+    for rec in records:
+        if (rec.kind == "verdict") != verdicts:
+            continue
+        for row in rec.summary:
+            full = {"notebook": rec.notebook, "trick": rec.trick, "kind": rec.kind, **row, **_paired(rec, row)}
+            out.append({key: full.get(key) for key in SUMMARY_ROW_KEYS})
+    return out
+
+
+def speedup_text(r: dict) -> str:
+    """'1.22x [1.17, 1.25]': a row's speedup with its paired interval when it has one; '-' without a speedup."""
+    if r.get("speedup") is None:
+        return "-"
+    low, high = r.get("speedup_low"), r.get("speedup_high")
+    interval = f" [{low:.2f}, {high:.2f}]" if low is not None and high is not None else ""
+    return f"{r['speedup']:.2f}x{interval}"
 
 
 def _measurement_line(r: dict) -> str:
-    speedup = f"{r['speedup']:.2f}x" if r["speedup"] is not None else "-"
+    speedup = speedup_text(r)
     rate = f"{r['items_per_second']:,.0f}" if r["items_per_second"] is not None else "-"
     saved = format_bytes(r["saved_bytes"])
     if r["peak_saved_bytes"] is not None and r["peak_saved_bytes"] != r["saved_bytes"]:
@@ -122,7 +165,8 @@ def _markdown(env: EnvInfo, statuses: Sequence[NotebookStatus], rows: list[dict]
         "",
         env.summary(),
         "",
-        "A time whose spread (IQR) is more than 10% of its median is marked *(noisy)*: read it with care.",
+        "A time whose spread (IQR) is more than 10% of its median is marked *(noisy)*: read it with care. "
+        "A speedup's brackets hold its paired confidence interval; `summary.html` plots them.",
         "",
         "| notebook | status | run time | finished |",
         "|---|---|---|---|",
@@ -147,7 +191,7 @@ def _markdown(env: EnvInfo, statuses: Sequence[NotebookStatus], rows: list[dict]
         if mine:
             lines += [
                 "",
-                "| trick | variant | median | IQR | items/s | speedup | verdict | saved for backward "
+                "| trick | variant | median | IQR | items/s | speedup [interval] | verdict | saved for backward "
                 "(at most at once) | peak allocated | device |",
                 "|---|---|---|---|---|---|---|---|---|---|",
             ]
@@ -158,8 +202,12 @@ def _markdown(env: EnvInfo, statuses: Sequence[NotebookStatus], rows: list[dict]
 def write_summary_files(
     out_dir: Path, env: EnvInfo, statuses: Sequence[NotebookStatus], records: Sequence[RecordLike]
 ) -> tuple[Path, Path]:
-    """Write ``summary.json`` and ``summary.md`` into ``out_dir`` (each atomically); returns (md, json)."""
+    """Write ``summary.json``, ``summary.md`` and ``summary.html`` into ``out_dir`` (each atomically).
+
+    Returns (md, json); the HTML page is ``out_dir/summary.html`` (``tricks_lib.summary_html``).
+    """
     from tricks_lib._atomic import write_bytes_atomic
+    from tricks_lib.summary_html import write_summary_html
 
     rows, verdicts = summary_rows(records), summary_rows(records, verdicts=True)
     summary = {
@@ -174,4 +222,5 @@ def write_summary_files(
     text = json.dumps(summary, indent=2, default=str, allow_nan=False) + "\n"
     write_bytes_atomic(json_path, text.encode("utf-8"))
     write_bytes_atomic(md_path, _markdown(env, statuses, rows, verdicts).encode("utf-8"))
+    write_summary_html(out_dir, summary)
     return md_path, json_path

@@ -6,9 +6,11 @@ import errno
 import glob
 import io
 import os
+import re
 import shutil
 import tarfile
 import types
+import warnings
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,7 @@ from tricks_lib.data import shards as shards_mod
 from tricks_lib.data.shards import (
     ShardError,
     TarShardDataset,
+    find_shards,
     index_file_path,
     index_tar_shard,
     load_shard_index,
@@ -509,3 +512,89 @@ def test_index_files_survive_dataloader_workers(tmp_path):
     ds = TarShardDataset(paths)
     got = [s["__key__"] for s in DataLoader(ds, batch_size=None, num_workers=2)]
     assert sorted(got) == [s["__key__"] for s in samples]
+
+
+# ------------------------------------------------------------- folders, globs and len (issue 16)
+def test_a_folder_or_a_glob_pattern_names_the_shards_in_sorted_order(tmp_path):
+    b = write_tar_shards(make(5), tmp_path, samples_per_shard=2, prefix="b")  # written first
+    a = write_tar_shards(make(9)[5:], tmp_path, samples_per_shard=2, prefix="a")
+    (tmp_path / "notes.txt").write_text("not a shard")
+    (tmp_path / "._a-000000.tar").write_bytes(b"macOS resource fork: not a tar")  # hidden: skipped
+    (tmp_path / "sub").mkdir()
+    nested = write_tar_shards(make(11)[9:], tmp_path / "sub", samples_per_shard=2, prefix="c")
+    expected = [s["__key__"] for s in make(9)[5:] + make(5)]  # a-* before b-*: sorted, not written order
+    for where in (tmp_path, str(tmp_path), str(tmp_path / "*.tar"), tmp_path / "?-*.tar"):
+        assert [s["__key__"] for s in TarShardDataset(where)] == expected, where
+    assert find_shards(tmp_path) == a + b  # not the subfolder's, not the hidden file
+    assert find_shards(str(tmp_path / "**" / "*.tar")) == a + b + nested  # recursive glob
+    assert find_shards(b[1]) == [b[1]] and find_shards([b[1], a[0]]) == [b[1], a[0]]  # a list keeps its order
+
+
+def test_a_folder_or_a_pattern_that_finds_nothing_says_what_was_looked_for(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match=r"no tar shards \(\*\.tar\) in the folder .*empty$"):
+        TarShardDataset(tmp_path / "empty")
+    (tmp_path / "gz").mkdir()
+    (tmp_path / "gz" / "shard-000000.tar.gz").write_bytes(b"\x1f\x8b")
+    with pytest.raises(ValueError, match=r"compressed ones, e\.g\. shard-000000\.tar\.gz"):
+        TarShardDataset(tmp_path / "gz")
+    pattern = str(tmp_path / "train-*.tar")
+    with pytest.raises(ValueError, match=re.escape(f"no files match the pattern '{pattern}'") + "$"):
+        TarShardDataset(pattern)
+    with pytest.raises(ValueError, match="brace expansion"):
+        TarShardDataset(str(tmp_path / "shard-{000000..000003}.tar"))
+    with pytest.raises(FileNotFoundError):
+        TarShardDataset(tmp_path / "missing.tar")  # a plain missing path: the OS's error, naming it
+    with pytest.raises(TypeError, match="folder, a glob pattern or paths"):
+        TarShardDataset(3)
+    paths = write_tar_shards(make(4), tmp_path / "s", samples_per_shard=2)
+    with pytest.raises(ValueError, match="listed twice"):
+        TarShardDataset([*paths, tmp_path / "s" / "." / paths[0].name])
+
+
+def keys_of(batch):
+    """collate_fn keeping only the keys (module level: picklable for DataLoader workers)."""
+    return [s["__key__"] for s in batch]
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize(
+    "n, world_size, uneven, drop_last",
+    [
+        (10, 3, "exact", False),
+        (10, 3, "pad", False),
+        (10, 3, "drop", True),
+        (7, 2, "pad", True),
+        (8, 1, "exact", False),
+    ],
+)
+def test_len_is_the_number_of_samples_each_rank_yields(tmp_path, n, world_size, uneven, drop_last, num_workers):
+    paths = write_tar_shards(make(n), tmp_path, samples_per_shard=3)
+    for rank in range(world_size):
+        ds = TarShardDataset(tmp_path, rank=rank, world_size=world_size, uneven=uneven, shuffle_buffer=4)
+        assert len(ds) == ds.samples_per_rank[rank] == len(list(ds))  # in-process: all of the rank's share
+        loader = DataLoader(ds, batch_size=3, num_workers=num_workers, drop_last=drop_last, collate_fn=keys_of)
+        assert len(loader) == (len(ds) // 3 if drop_last else -(-len(ds) // 3))  # PyTorch's formula on len(ds)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message="Length of IterableDataset")  # PyTorch's len check
+            batches = list(loader)
+        assert len(batches) == ds.batches_per_epoch(3, num_workers=num_workers, drop_last=drop_last)
+        if not drop_last:
+            assert sum(map(len, batches)) == len(ds)  # every sample the rank reads, in its workers
+    assert len(paths) == -(-n // 3)
+
+
+def test_batches_per_epoch_counts_each_workers_partial_batch(tmp_path):
+    write_tar_shards(make(8), tmp_path, samples_per_shard=8)
+    ds = TarShardDataset(tmp_path)
+    # 2 workers of 4 samples each, batches of 3: 2 + 2 batches, where len(loader) says ceil(8 / 3) = 3
+    assert len(DataLoader(ds, batch_size=3, num_workers=2)) == 3
+    assert ds.batches_per_epoch(3, num_workers=2) == 4 and ds.batches_per_epoch(3, num_workers=2, drop_last=True) == 2
+    assert ds.batches_per_epoch(3) == 3 and ds.batches_per_epoch(None, num_workers=2) == 8 == len(ds)
+    with pytest.raises(TypeError, match="batch_size"):
+        ds.batches_per_epoch(True)
+    with pytest.raises(ValueError, match="batch_size"):
+        ds.batches_per_epoch(0)
+    with pytest.raises(TypeError, match="drop_last"):
+        ds.batches_per_epoch(3, drop_last=1)

@@ -1,8 +1,10 @@
 """Data loading helpers: a seeded offline image dataset, tar shards with an exactly-once
 ``IterableDataset``, one-file containers, a device prefetcher and page-cache control.
 
-Modules: ``images`` (generator, encode/decode, folder writer), ``shards`` (tar shards),
-``tar_format`` (the strict tar reader under the shards), ``samples`` (the sample check every writer
+Modules: ``images`` (generator, encode/decode, folder writer), ``shards`` (tar shards and the
+dataset over them), ``shard_index`` (a shard's index and the checked index file beside it),
+``tar_format`` (the strict tar reader under the shards), ``image_folder`` (your own images in the
+ImageFolder layout, converted to shards), ``samples`` (the sample check every writer
 runs), ``containers`` (LMDB, HDF5, TFRecord, .pt, .npy), ``prefetch`` (DevicePrefetcher), ``cache``
 (page-cache eviction and residency; a process's and a DataLoader worker's private memory). All
 writers are atomic: temporary name, rename on success.
@@ -30,6 +32,12 @@ from tricks_lib.data.containers import (
     write_pt,
     write_tfrecord,
 )
+from tricks_lib.data.image_folder import (
+    image_folder_classes,
+    image_folder_files,
+    image_folder_to_shards,
+    read_shard_classes,
+)
 from tricks_lib.data.images import (
     IMAGE_FORMATS,
     DecodeSample,
@@ -47,6 +55,7 @@ from tricks_lib.data.shards import (
     ShardError,
     ShardIndex,
     TarShardDataset,
+    find_shards,
     index_tar_shard,
     read_tar_samples,
     write_tar_shards,
@@ -72,13 +81,18 @@ __all__ = [
     "drop_from_page_cache",
     "encode_image",
     "evict_from_page_cache",
+    "find_shards",
     "find_source_photos",
+    "image_folder_classes",
+    "image_folder_files",
+    "image_folder_to_shards",
     "index_tar_shard",
     "loader_worker_memory",
     "make_samples",
     "move_to_device",
     "page_cache_residency",
     "process_memory",
+    "read_shard_classes",
     "read_tar_samples",
     "read_tfrecord",
     "render_photos",

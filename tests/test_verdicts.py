@@ -1,5 +1,6 @@
 """tricks_lib.verdicts: the verdict table and the reading helpers, on results with known numbers."""
 
+import dataclasses
 import json
 
 import pytest
@@ -10,7 +11,19 @@ from tricks_lib.measurements import Comparison, ComparisonRow, Measurement
 from tricks_lib.memory import MemoryReport
 from tricks_lib.results import load_records
 from tricks_lib.training import autocast_dtype
-from tricks_lib.verdicts import VerdictTable, break_even, fastest, memory_change, paired_ratio, verdict_of
+from tricks_lib.verdicts import (
+    VerdictTable,
+    break_even,
+    by_outcome,
+    direction,
+    fastest,
+    median_drift,
+    memory_change,
+    overall,
+    paired_ratio,
+    trade_off,
+    verdict_of,
+)
 
 
 def timed(label, seconds, rounds=20, items=None, jitter=0.002):
@@ -126,3 +139,69 @@ def test_autocast_dtype_is_one_rule():
     if torch.cuda.is_available():
         major, _ = torch.cuda.get_device_capability()
         assert autocast_dtype("cuda") == (torch.bfloat16 if major >= 8 else torch.float16)
+
+
+def test_direction_overall_and_by_outcome():
+    c = comparison({"base": 2e-3, "fast": 1e-3, "slow": 4e-3, "same": 2e-3}, "base")
+    assert [direction(c[n]) for n in c.names] == ["baseline", "faster", "slower", "not significant"]
+    assert overall([c["fast"]]) == "all faster" and overall([c["base"], c["slow"]]) == "all slower"
+    assert overall([c["same"]]) == "none significant" and overall(c.rows) == "mixed"
+    assert by_outcome({r.name: r for r in c.rows}) == {
+        "faster": ("fast",),
+        "slower": ("slow",),
+        "not significant": ("same",),
+    }
+    with pytest.raises(ValueError, match="not the baseline"):
+        overall([c["base"]])
+    with pytest.raises(TypeError, match="ComparisonRow"):
+        direction(c)
+
+
+def with_memory(c, peaks, cuda=None):
+    """The comparison ``c`` with a MemoryReport per row: peak saved bytes from ``peaks`` (and CUDA peaks from ``cuda``)."""
+    rows = []
+    for r in c.rows:
+        extra = {} if cuda is None else {"peak_allocated_bytes": 100 + cuda[r.name], "allocated_before_bytes": 100}
+        report = MemoryReport(
+            r.name, "cpu", saved_bytes=2 * peaks[r.name], saved_tensors=1, peak_saved_bytes=peaks[r.name], **extra
+        )
+        rows.append(dataclasses.replace(r, memory=report))
+    return dataclasses.replace(c, rows=tuple(rows))
+
+
+def test_trade_off_reads_time_and_memory_of_each_variant():
+    c = with_memory(
+        comparison({"plain": 1e-3, "ckpt": 2e-3, "amp": 1e-3}, "plain"), {"plain": 4096, "ckpt": 1024, "amp": 4096}
+    )
+    t = trade_off(c)
+    assert [r.variant for r in t.rows] == ["ckpt", "amp"]
+    assert (t["ckpt"].time, t["ckpt"].memory, t["ckpt"].bytes_before, t["ckpt"].bytes_after) == (
+        "2.00x slower",
+        "4.00x less",
+        4096,
+        1024,
+    )
+    assert t["amp"].memory == "same" and t["amp"].time == "not significant"
+    md = t.to_markdown()
+    assert "| ckpt | plain | 2.00x slower | 4.00x less | 4.00 KiB -> 1.00 KiB |" in md and "CUDA" not in md
+    assert t["ckpt"].cuda_peak_after is None and repr(t) == md
+    # Against another variant, in the same paired rounds; the whole-step total instead of the peak.
+    back = trade_off(c, ["plain"], against="ckpt", field="saved_bytes")
+    assert (back["plain"].time, back["plain"].memory) == ("2.00x faster", "4.00x more")
+    gpu = trade_off(with_memory(c, {"plain": 8, "ckpt": 4, "amp": 8}, cuda={"plain": 2048, "ckpt": 1024, "amp": 2048}))
+    assert gpu["ckpt"].cuda_peak_after == 1024 and "2.00 KiB -> 1.00 KiB" in gpu.to_markdown()
+    with pytest.raises(KeyError):
+        t["zz"]
+    with pytest.raises(ValueError, match="memory=True"):
+        trade_off(comparison({"a": 1e-3, "b": 2e-3}, "a"))
+
+
+def test_median_drift_is_largest_over_smallest():
+    c = comparison({"a": 1e-3, "b": 2e-3}, "a")
+    drift = median_drift({"cell 1": c["a"], "cell 2": c["b"].measurement})
+    assert drift.ratio == pytest.approx(2.0)
+    assert "| cell 2 | 2 ms |" in drift.to_markdown() and "| largest / smallest | 2.00x |" in drift.to_markdown()
+    with pytest.raises(ValueError, match="at least twice"):
+        median_drift({"only": c["a"]})
+    with pytest.raises(TypeError, match="Measurement"):
+        median_drift({"x": c["a"], "y": 1.0})

@@ -9,17 +9,22 @@ and the reading helpers its cells would otherwise write by hand.
 Reading helpers: ``verdict_of`` (one variant against the baseline or another variant),
 ``fastest`` (the variant with the least time per item, and whether it beats every other one
 significantly), ``paired_ratio``, ``memory_change`` (saved-for-backward bytes of two reports),
-``break_even`` (calls after which a compile pays off). Every one reads results; none prints.
+``break_even`` (calls after which a compile pays off), ``direction`` and ``overall`` (the word a
+conditional paragraph would branch on, for one row or several), ``by_outcome`` (names grouped by
+verdict), ``trade_off`` (time and saved-for-backward memory of variants, one table) and
+``median_drift`` (how far the same workload's median moved between cells). Every one reads results;
+none prints.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from tricks_lib.formatting import format_bytes, html_table, markdown_table
-from tricks_lib.measurements import Comparison, ComparisonRow
+from tricks_lib.formatting import format_bytes, format_seconds, html_table, markdown_table
+from tricks_lib.measurements import Comparison, ComparisonRow, Measurement
 from tricks_lib.memory import MemoryReport
 from tricks_lib.results import record
 from tricks_lib.summary import SummaryRow
@@ -27,7 +32,23 @@ from tricks_lib.summary import SummaryRow
 if TYPE_CHECKING:
     from tricks_lib.compiling import CompileCost
 
-__all__ = ["VerdictRow", "VerdictTable", "break_even", "fastest", "memory_change", "paired_ratio", "verdict_of"]
+__all__ = [
+    "MedianDrift",
+    "TradeOff",
+    "TradeOffRow",
+    "VerdictRow",
+    "VerdictTable",
+    "break_even",
+    "by_outcome",
+    "direction",
+    "fastest",
+    "median_drift",
+    "memory_change",
+    "overall",
+    "paired_ratio",
+    "trade_off",
+    "verdict_of",
+]
 
 
 def verdict_of(comparison: Comparison, variant: str, against: str | None = None) -> str:
@@ -41,7 +62,7 @@ def verdict_of(comparison: Comparison, variant: str, against: str | None = None)
 
 
 def paired_ratio(comparison: Comparison, variant: str, against: str) -> float:
-    """How many times faster ``variant`` ran than ``against`` (ratio of medians, per item when items differ)."""
+    """How many times faster ``variant`` ran than ``against`` (the median paired ratio of their rounds, per item when items differ)."""
     return comparison.versus(variant, against).speedup
 
 
@@ -93,6 +114,190 @@ def break_even(cost: CompileCost, comparison: Comparison, compiled: str, eager: 
     if any(n is None for n in calls.values()):
         return None
     return {cache: max(1, math.ceil(n)) for cache, n in calls.items()}
+
+
+def direction(row: ComparisonRow) -> str:
+    """'faster', 'slower', 'not significant' or 'baseline': what ``row``'s verdict says, as one word.
+
+    Raises:
+        TypeError: ``row`` is not a ComparisonRow.
+    """
+    if not isinstance(row, ComparisonRow):
+        raise TypeError(f"row must be a ComparisonRow (comparison[name]), got {type(row).__name__}")
+    if row.is_baseline:
+        return "baseline"
+    if not row.significant:
+        return "not significant"
+    return "faster" if row.speedup > 1 else "slower"
+
+
+def overall(rows: Iterable[ComparisonRow]) -> str:
+    """'all faster', 'all slower', 'none significant' or 'mixed': the non-baseline rows read together.
+
+    Raises:
+        TypeError: an element is not a ComparisonRow.
+        ValueError: no non-baseline row is given.
+    """
+    words = {direction(r) for r in rows} - {"baseline"}
+    if not words:
+        raise ValueError("overall() needs at least one row that is not the baseline")
+    if words == {"not significant"}:
+        return "none significant"
+    return f"all {words.pop()}" if len(words) == 1 else "mixed"
+
+
+def by_outcome(rows: Mapping[str, ComparisonRow]) -> dict[str, tuple[str, ...]]:
+    """The names of ``rows`` grouped by ``direction``: keys 'faster', 'slower', 'not significant' (in that order).
+
+    Baseline rows are left out. Raises TypeError for a value that is not a ComparisonRow.
+    """
+    groups: dict[str, list[str]] = {"faster": [], "slower": [], "not significant": []}
+    for name, row in rows.items():
+        word = direction(row)
+        if word != "baseline":
+            groups[word].append(name)
+    return {word: tuple(names) for word, names in groups.items()}
+
+
+@dataclass(frozen=True)
+class TradeOffRow:
+    """Time and memory of one variant against another, read from the same comparison."""
+
+    variant: str
+    against: str
+    time: str  # the paired time verdict
+    memory: str  # memory_change() of the two reports' ``field``
+    bytes_before: int  # ``field`` of ``against``
+    bytes_after: int  # ``field`` of ``variant``
+    cuda_peak_before: int | None = None  # CUDA: the allocator's peak above the start (None elsewhere)
+    cuda_peak_after: int | None = None
+
+
+@dataclass(frozen=True)
+class TradeOff:
+    """Time and saved-for-backward memory of a comparison's variants; renders as one Markdown table.
+
+    The CUDA allocator column appears only when the comparison measured it (on a GPU).
+    """
+
+    label: str
+    field: str
+    rows: tuple[TradeOffRow, ...]
+
+    def __getitem__(self, variant: str) -> TradeOffRow:
+        for row in self.rows:
+            if row.variant == variant:
+                return row
+        raise KeyError(f"{variant!r} is not a row of this trade-off; rows: {[r.variant for r in self.rows]}")
+
+    @property
+    def has_cuda_peaks(self) -> bool:
+        return any(r.cuda_peak_after is not None for r in self.rows)
+
+    def to_markdown(self) -> str:
+        header = ["variant", "against", "time", f"memory ({self.field})", "bytes: before -> after"]
+        body = [
+            [r.variant, r.against, r.time, r.memory, f"{format_bytes(r.bytes_before)} -> {format_bytes(r.bytes_after)}"]
+            for r in self.rows
+        ]
+        if self.has_cuda_peaks:
+            header.append("CUDA allocator peak above start: before -> after")
+            for line, r in zip(body, self.rows):
+                line.append(f"{format_bytes(r.cuda_peak_before)} -> {format_bytes(r.cuda_peak_after)}")
+        return markdown_table(header, body, caption=f"**{self.label}**")
+
+    def _repr_markdown_(self) -> str:
+        return self.to_markdown()
+
+    def __repr__(self) -> str:
+        return self.to_markdown()
+
+
+def trade_off(
+    comparison: Comparison,
+    variants: Iterable[str] | None = None,
+    *,
+    against: str | None = None,
+    field: str = "peak_saved_bytes",
+) -> TradeOff:
+    """Time and memory of ``variants`` (default: every row but ``against``) against ``against`` (default: the baseline).
+
+    The comparison must have been run with ``memory=True``. Time is the paired verdict; memory is
+    ``memory_change`` of the MemoryReport ``field`` (default: the most saved-for-backward bytes alive at once).
+
+    Raises:
+        KeyError: a name is not a variant of ``comparison``.
+        ValueError: the comparison has no memory reports, or ``field`` is not a byte count (see memory_change).
+    """
+    against = comparison.baseline if against is None else against
+    names = [r.name for r in comparison.rows if r.name != against] if variants is None else list(variants)
+    base = comparison[against]
+    rows = []
+    for name in names:
+        row = comparison[name] if against == comparison.baseline else comparison.versus(name, against)
+        if base.memory is None or comparison[name].memory is None:
+            raise ValueError(f"{comparison.label!r} has no memory reports: run compare(..., memory=True)")
+        before, after = base.memory, comparison[name].memory
+        rows.append(
+            TradeOffRow(
+                name,
+                against,
+                row.verdict,
+                memory_change(before, after, field),
+                getattr(before, field),
+                getattr(after, field),
+                before.peak_extra_bytes,
+                after.peak_extra_bytes,
+            )
+        )
+    return TradeOff(comparison.label, field, tuple(rows))
+
+
+@dataclass(frozen=True)
+class MedianDrift:
+    """The medians of one workload timed in several cells, and how far apart they are (largest / smallest)."""
+
+    medians: tuple[tuple[str, float], ...]  # (where it was timed, median seconds per call)
+
+    @property
+    def ratio(self) -> float:
+        values = [m for _, m in self.medians]
+        return max(values) / min(values)
+
+    def to_markdown(self) -> str:
+        body = [[cell, format_seconds(m)] for cell, m in self.medians]
+        body.append(["largest / smallest", f"{self.ratio:.2f}x"])
+        return markdown_table(["timed in", "median"], body)
+
+    def _repr_markdown_(self) -> str:
+        return self.to_markdown()
+
+    def __repr__(self) -> str:
+        return self.to_markdown()
+
+
+def median_drift(timings: Mapping[str, ComparisonRow | Measurement]) -> MedianDrift:
+    """How far the median of the same workload moved between the cells that timed it.
+
+    Args:
+        timings: where each timing was taken (a cell or section name) -> its ComparisonRow or Measurement.
+
+    Raises:
+        TypeError: a value is neither a ComparisonRow nor a Measurement.
+        ValueError: fewer than two timings, or a median of zero.
+    """
+    medians = []
+    for cell, timing in timings.items():
+        if isinstance(timing, ComparisonRow):
+            timing = timing.measurement
+        if not isinstance(timing, Measurement):
+            raise TypeError(f"{cell!r}: expected a ComparisonRow or Measurement, got {type(timing).__name__}")
+        medians.append((cell, timing.median))
+    if len(medians) < 2:
+        raise ValueError(f"median_drift needs the same workload timed at least twice, got {len(medians)}")
+    if min(m for _, m in medians) <= 0:
+        raise ValueError("a median of zero has no ratio: time a workload that takes measurable time")
+    return MedianDrift(tuple(medians))
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,22 @@
 """tricks_lib.profiling: step_split's timers on known durations, the jitter dataset, argument errors."""
 
 import re
+import subprocess
+import sys
 import time
 
 import pytest
 import torch
 
-from tricks_lib.profiling import PixelJitterDataset, StepSplit, py_spy_sample, step_split, without_local_paths
+from tricks_lib.profiling import (
+    JITTER_SCRIPT,
+    PixelJitterDataset,
+    StepSplit,
+    py_spy_sample,
+    read_jitter_forever,
+    step_split,
+    without_local_paths,
+)
 from tricks_lib.results import record
 
 WAIT_S, STEP_S = 0.03, 0.01  # a loader that takes 30 ms per batch, a step that takes 10 ms
@@ -110,15 +120,22 @@ def test_pixel_jitter_rejects_bad_arguments(args, kwargs, error):
         PixelJitterDataset(*args, **kwargs)
 
 
-JITTER_SCRIPT = (
-    "import torch\n"
-    "from tricks_lib.profiling import PixelJitterDataset\n"
-    "data = PixelJitterDataset(torch.rand(8, 3, 8, 8), torch.zeros(8))\n"
-    "print('ready', flush=True)\n"
-    "while True:\n"
-    "    for i in range(len(data)):\n"
-    "        data[i]\n"
-)
+@pytest.mark.parametrize(("kwargs", "error"), [({"samples": 0}, ValueError), ({"size": 2.0}, TypeError)])
+def test_read_jitter_forever_rejects_bad_sizes(kwargs, error):
+    with pytest.raises(error):
+        read_jitter_forever(**kwargs)
+
+
+@pytest.mark.slow
+def test_jitter_script_says_ready_then_keeps_reading():
+    child = subprocess.Popen([sys.executable, "-c", JITTER_SCRIPT], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "ready\n"
+        time.sleep(0.5)
+        assert child.poll() is None  # still reading: it runs until killed
+    finally:
+        child.kill()
+        child.wait()
 
 
 @pytest.mark.slow

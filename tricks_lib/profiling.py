@@ -6,6 +6,8 @@
   transforms help); one that mostly computes is compute-bound (the model-side tricks help).
 - ``PixelJitterDataset``: images with per-pixel Gaussian jitter, computed either in a Python loop
   over the pixels (the slow per-sample augmentation profilers should find) or as one tensor op.
+- ``read_jitter_forever()``: the workload to sample from outside: says "ready", then reads the
+  slow ``PixelJitterDataset`` until killed (``py_spy_sample(JITTER_SCRIPT)`` runs it).
 - ``py_spy_sample(script, seconds=1)``: py-spy's ``dump`` and ``record`` on a subprocess running
   ``script``; a ``PySpySample`` with the stack dump and the most sampled functions, or the reason it
   failed (not installed, no ptrace permission, a timeout), never a hang.
@@ -36,11 +38,13 @@ from tricks_lib.timing import _synced_timer
 from tricks_lib.trace import plot_trace
 
 __all__ = [
+    "JITTER_SCRIPT",
     "PixelJitterDataset",
     "PySpySample",
     "StepSplit",
     "plot_trace",
     "py_spy_sample",
+    "read_jitter_forever",
     "step_split",
     "without_local_paths",
 ]
@@ -271,6 +275,31 @@ class PixelJitterDataset(torch.utils.data.Dataset):
         else:
             jittered = (image + noise).clamp_(0.0, 1.0)
         return jittered, self.labels[index]
+
+
+def read_jitter_forever(*, samples: int = 64, size: int = 16) -> None:
+    """Print ``ready`` (flushed), then read a per-pixel ``PixelJitterDataset`` in a loop until killed.
+
+    The workload a sampling profiler watches from outside: run it in a subprocess, e.g.
+    ``py_spy_sample(JITTER_SCRIPT)``. The line is the ready signal ``py_spy_sample`` waits for.
+
+    Args:
+        samples: images in the dataset; size: their side (3 channels).
+
+    Raises:
+        TypeError / ValueError: a count that is not a positive whole number.
+    """
+    check_positive(samples, "samples", allow_none=False, integer=True)
+    check_positive(size, "size", allow_none=False, integer=True)
+    data = PixelJitterDataset(torch.rand(samples, 3, size, size), torch.zeros(samples))
+    print("ready", flush=True)
+    while True:
+        for i in range(samples):
+            data[i]
+
+
+# Python source for py_spy_sample: the slow dataset read in a loop, in the subprocess.
+JITTER_SCRIPT = "from tricks_lib.profiling import read_jitter_forever; read_jitter_forever()"
 
 
 def without_local_paths(text: str) -> str:

@@ -541,3 +541,16 @@ def test_a_call_too_slow_for_thirty_rounds_in_the_cap_stays_at_the_floor():
     # 30 rounds of 2 x 10 ms would be 0.6 s, past 4 x 0.02 s x 2 variants: the floor of 15 holds.
     c = compare({"a": busy(0.01), "b": busy(0.01)}, baseline="a", min_run_time=0.02, warmup=0, device="cpu")
     assert c.rounds == 15, c.rounds
+
+
+def test_progress_bar_passes_every_item_through_and_draws_nothing_when_turned_off(monkeypatch, capsys):
+    from tricks_lib.timing import progress_bar
+
+    monkeypatch.setenv("TRICKS_PROGRESS", "0")
+    assert list(progress_bar(range(5), desc="five")) == [0, 1, 2, 3, 4]
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("TRICKS_PROGRESS", "1")
+    assert list(progress_bar(iter("abc"), desc="three", total=3)) == ["a", "b", "c"]
+    assert "three" in capsys.readouterr().err  # text bar (no ipywidgets here), no IProgress warning
+    with pytest.raises(TypeError, match="desc"):
+        progress_bar(range(2), desc=3)

@@ -17,7 +17,7 @@ import math
 import os
 import random
 import timeit
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -37,7 +37,7 @@ from tricks_lib.stats import (
 if TYPE_CHECKING:
     from tricks_lib.memory import MemoryReport
 
-__all__ = ["compare", "measure", "time_first_call"]
+__all__ = ["compare", "measure", "progress_bar", "time_first_call"]
 
 
 def _import_timer():
@@ -123,6 +123,15 @@ TARGET_ROUNDS = 30
 SLOW_CALL_BUDGET_FACTOR = 4
 
 
+def _tqdm_class():
+    try:
+        import ipywidgets  # noqa: F401  (tqdm.auto's widget needs it; without it, it warns and prints text)
+        from tqdm.auto import tqdm
+    except ImportError:
+        from tqdm.std import tqdm
+    return tqdm
+
+
 def _progress_bar(enabled: bool, total: int | None, desc: str):
     """A progress bar (a widget in Jupyter where ipywidgets is installed, text otherwise), or None.
 
@@ -130,12 +139,23 @@ def _progress_bar(enabled: bool, total: int | None, desc: str):
     """
     if not enabled or os.environ.get(PROGRESS_ENV_VAR) == "0":
         return None
-    try:
-        import ipywidgets  # noqa: F401  (tqdm.auto's widget needs it; without it, it warns and prints text)
-        from tqdm.auto import tqdm
-    except ImportError:
-        from tqdm.std import tqdm
-    return tqdm(total=total, desc=desc, leave=False)
+    return _tqdm_class()(total=total, desc=desc, leave=False)
+
+
+def progress_bar(iterable: Iterable | None = None, *, desc: str | None = None, total: int | None = None):
+    """``tqdm`` over ``iterable`` for a notebook's long loops: a widget where ipywidgets is installed,
+    text otherwise (never tqdm.auto's "IProgress not found" warning), and off (a plain pass-through
+    bar that draws nothing) under ``TRICKS_PROGRESS=0``, which the main command sets so that stored
+    outputs hold no bars.
+
+    Raises:
+        TypeError: ``desc`` is not a string or ``total`` is not a whole number.
+    """
+    if desc is not None and not isinstance(desc, str):
+        raise TypeError(f"desc must be a string, got {type(desc).__name__}")
+    check_positive(total, "total", integer=True)
+    off = os.environ.get(PROGRESS_ENV_VAR) == "0"
+    return _tqdm_class()(iterable, desc=desc, total=total, leave=False, disable=off)
 
 
 def measure(

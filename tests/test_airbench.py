@@ -82,3 +82,17 @@ def test_bad_arguments():
         make_airbench94("wide")
     with pytest.raises(ValueError):
         init_whitening(make_airbench94(0.125).whiten, torch.randn(2, 1, 8, 8))
+
+
+def test_record_comparison_shows_time_only_for_the_records_task():
+    from tricks_lib.airbench import PublishedRecord, RecordComparison
+
+    airbench = PublishedRecord("airbench94", seconds=4.0, gpu="A100", train_images=400_000)
+    myrtle = PublishedRecord("Myrtle.ai", seconds=26.0, gpu="V100")
+    assert airbench.images_per_second == 100_000 and myrtle.images_per_second is None
+    photos = RecordComparison("a CPU", "photos", 0.125, 0.75, 30.0, 1_000.0, (airbench, myrtle))
+    assert not photos.same_task and photos.rows()[0][4] == "-"  # a time to 75% on photos is not a record's time
+    assert photos.rows()[1][-1] == "100.0x" and photos.rows()[2][-1] == "-"
+    assert "not a record" in photos._repr_markdown_()
+    cifar = RecordComparison("an H100", "CIFAR-10", 1.0, 0.94, 3.0, 150_000.0, (airbench,))
+    assert cifar.same_task and cifar.rows()[0][4] == "3 s" and "not a record" not in repr(cifar)

@@ -150,3 +150,27 @@ def test_paper_throughput_ratios():
         paper_throughput_ratios("G2", "g=3", 1)
     with pytest.raises(ValueError):
         paper_throughput_ratios("G2", "g=2", 3)
+
+
+def test_probe_table_reads_each_row_against_the_paper_half():
+    from tricks_lib.design_blocks import ProbeTable, ProbeTrends, paper_throughput_ratios
+    from tricks_lib.measurements import Comparison
+
+    def timed(name, s):
+        return Measurement(name, tuple(s * (1.002 if i % 2 else 0.998) for i in range(20)), 1, "cpu", 2)
+
+    costs = {"1:1": 1e-3, "1:2": 1e-3, "1:6": 2e-3, "1:12": 0.5e-3}
+    rows = tuple(ComparisonRow(n, timed(n, s), 1.0, 1.0, 1.0, False, n == "1:1") for n, s in costs.items())
+    c = Comparison("G1", "1:1", rows, 20, "cpu", 2, 0.03)
+    c = Comparison("G1", "1:1", tuple(c.versus(n, "1:1") for n in costs), 20, "cpu", 2, 0.03)
+    table = ProbeTable("G1", 1, False, c, {n: 100 for n in costs}, {n: 10**6 for n in costs})
+    assert table.paper_ratio("1:6") == paper_throughput_ratios("G1", "1:6", 1)[1]  # the ARM half
+    # The paper's ARM half is slower at 1:6 and 1:12: 2x slower here holds, 2x faster inverts.
+    assert (
+        table.trend("1:6") == "holds"
+        and table.trend("1:12") == "inverts"
+        and table.trend("1:2") == "not significant here"
+    )
+    assert len(table.rows()[0]) == 8 and table.rows()[0][-1] == "-"
+    assert "| G1 x1 | 1:12 |" in ProbeTrends((table,))._repr_markdown_()
+    assert "trend vs paper ARM" in table._repr_markdown_()

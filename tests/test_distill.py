@@ -94,3 +94,24 @@ def test_paired_gain_verdict_validates():
         paired_gain_verdict([0.1, 0.2], confidence="high")
     with pytest.raises(TypeError):
         paired_gain_verdict(["a", "b"])
+
+
+def test_distillation_gains_read_each_scenario_from_paired_seeds():
+    from tricks_lib.distill import distillation_gains
+
+    acc = {
+        "teacher": [0.95, 0.96, 0.94],
+        "few, alone": [0.50, 0.55, 0.52],
+        "few, distilled": [0.70, 0.74, 0.71],  # +0.20, +0.19, +0.19: helps
+        "all, alone": [0.90, 0.91, 0.92],
+        "all, distilled": [0.91, 0.90, 0.92],  # +0.01, -0.01, 0: no significant effect
+    }
+    gains = distillation_gains(acc, ("few", "all"), confidence=0.95)
+    assert gains.gain("few") == pytest.approx([0.20, 0.19, 0.19])
+    assert gains.verdict("few")[0] == "helps" and gains.verdict("all")[0] == "no significant effect"
+    assert gains.summary("few").startswith("helps: +19.3 accuracy points (95% interval")
+    assert "| teacher | 95.0% ± 1.0% | 94.0% - 96.0% |" in gains._repr_markdown_()
+    with pytest.raises(KeyError):
+        distillation_gains(acc, ("none",))
+    with pytest.raises(ValueError):
+        distillation_gains({**acc, "teacher": [0.9]}, ("few",))

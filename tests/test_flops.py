@@ -78,3 +78,33 @@ def test_count_memory_access_of_a_1x1_conv_matches_the_formula():
     expected = conv1x1_memory_access_cost(4, 8, 5, 5) + conv1x1_memory_access_cost(8, 4, 5, 5)
     assert count_memory_access(net, torch.randn(1, 4, 5, 5)) == expected  # the ReLU is not counted
     assert not any(m._forward_hooks for m in net.modules())  # hooks removed
+
+
+def known_comparison(costs, baseline):
+    """A Comparison from known per-call times (alternating +-0.2% per round), read by Comparison.versus."""
+    from tricks_lib.measurements import Comparison, ComparisonRow, Measurement
+
+    def timed(name, s):
+        return Measurement(name, tuple(s * (1.002 if i % 2 else 0.998) for i in range(20)), 1, "cpu", 2)
+
+    rows = tuple(ComparisonRow(n, timed(n, s), 1.0, 1.0, 1.0, False, n == baseline) for n, s in costs.items())
+    c = Comparison("one forward", baseline, rows, 20, "cpu", 2, 0.03)
+    return Comparison("one forward", baseline, tuple(c.versus(n, baseline) for n in costs), 20, "cpu", 2, 0.03)
+
+
+def test_rank_by_flops_reads_every_pair_in_flop_order():
+    from tricks_lib.flops import rank_by_flops
+
+    # FLOPs order a < b < c < d; times: a is slower than b (misranked), c and d tie (unresolved).
+    cmp_ = known_comparison({"a": 3e-3, "b": 2e-3, "c": 4e-3, "d": 4.01e-3}, "a")
+    flops = {"a": 1, "b": 2, "c": 3, "d": 4}
+    ranking = rank_by_flops(cmp_, flops, {"a": 4, "b": 3, "c": 2, "d": 1})
+    assert ranking.misranked == (("a", "b"),)
+    assert ranking.pairs == 6 and ranking.ranked_right == 4 and ranking.unresolved == 1
+    assert [r[0] for r in ranking.rows] == ["a", "b", "c", "d"]
+    assert ranking.flops_rho == pytest.approx(0.8) and ranking.mac_rho == pytest.approx(-0.8)
+    assert "1 significantly misranked" in ranking.summary and "a slower than b" in ranking._repr_markdown_()
+    with pytest.raises(KeyError):
+        rank_by_flops(cmp_, {"a": 1}, flops)
+    with pytest.raises(ValueError):
+        rank_by_flops(known_comparison({"a": 1e-3, "b": 2e-3}, "a"), flops, flops)

@@ -181,3 +181,94 @@ def test_run_ladder_keeps_rung_order_seeds_and_skips():
     # the same math as the baseline, seed by seed
     for a, b in zip(ladder["baseline"].runs, ladder["+ foreach"].runs):
         assert a.trace.accuracies == b.trace.accuracies
+
+
+def test_rung_adding_names_the_change_and_rejects_unknown_fields():
+    assert Rung.adding(channels_last=True).name == "+ channels_last"
+    assert Rung.adding(batch_size=128, warmup_fraction=0.23).name == "+ batch_size=128, warmup_fraction=0.23"
+    bf16 = Rung.adding(autocast_dtype=torch.bfloat16, caveat="old CPUs", skip_reason="no")
+    assert (bf16.name, bf16.changes, bf16.caveat, bf16.skip_reason) == (
+        "+ autocast_dtype=bfloat16",
+        {"autocast_dtype": torch.bfloat16},
+        "old CPUs",
+        "no",
+    )
+    with pytest.raises(ValueError):
+        Rung.adding()
+    with pytest.raises(ValueError):
+        Rung.adding(chanels_last=True)
+
+
+def test_unsupported_rungs_are_skipped_with_the_reason():
+    from tricks_lib.ladder import _skip_reasons, unsupported_reason
+
+    assert unsupported_reason({"autocast_dtype": torch.float16}, "cpu").startswith("CUDA only")
+    assert unsupported_reason({"autocast_dtype": torch.bfloat16}, "cpu") is None  # CPU autocast's own type
+    assert unsupported_reason({"channels_last": True}, "cpu") is None
+    rungs = [
+        Rung("baseline"),
+        Rung.adding(autocast_dtype=torch.float16),
+        Rung.adding(lookahead=True, skip_reason="off"),
+    ]
+    checked = _skip_reasons(rungs, torch.device("cpu"))
+    assert [r.skip_reason for r in checked] == [None, unsupported_reason(rungs[1].changes, "cpu"), "off"]
+    assert _skip_reasons(rungs, None) == rungs  # skip_unsupported=False: nothing decided for the caller
+
+
+def test_reading_groups_rungs_and_reads_the_stack_against_the_baseline():
+    ladder = Ladder(
+        (fake_result("a", [10.0, 11.0]), fake_result("b", [5.0, 6.0]), fake_result("c", [5.5, 6.5]),
+         RungResult("skip", None, (), "CUDA only"), fake_result("d", [12.0, 13.0]), fake_result("e", [4.0, None])),
+        "fake", "cpu", 0.9,
+    )  # fmt: skip
+    reading = ladder.reading()
+    assert reading.faster == ("b",) and reading.unclear == ("c",) and reading.slower == ("d",)
+    assert reading.missed == ("e",) and reading.skipped == ("skip (CUDA only)",)
+    assert reading.top == "e" and reading.stack == "missed the target in 1 of 2 seeds"
+    # the top rung against the baseline, by the no-overlap rule, named as the baseline
+    assert ladder.verdict_against("b", "a", label="the baseline").startswith("1.91x faster to target than the baseline")
+    assert ladder.verdict_against("d", "a").startswith("1.19x slower to target than a")
+    assert ladder.verdict_against("c", "b").startswith("no clear change")
+    assert "| clearly faster than the rung before | b |" in reading._repr_markdown_()
+
+
+def test_compile_payback_counts_the_images_that_repay_the_cold_compile():
+    def runs(ips, compile_s, epochs):
+        return tuple(
+            TrainingRun(
+                i,
+                TargetTrace((0.5,) * (epochs - 1) + (0.95,), tuple(range(1, epochs + 1)), (1.0,) * epochs, 0.9),
+                ips,
+                compile_s,
+                0.0,
+                None,
+                1,
+            )  # fmt: skip
+            for i in range(2)
+        )
+
+    compiled_cfg = dataclasses.replace(TINY, compile=True)
+    eager, compiled = (
+        RungResult("eager", TINY, runs(100.0, None, 3)),
+        RungResult("+ compile", compiled_cfg, runs(200.0, 10.0, 3)),
+    )
+    payback = Ladder((eager, compiled), "fake", "cpu", 0.9).compile_payback(images_per_epoch=500)
+    # 1/100 - 1/200 = 5 ms saved per image: 10 s of compile is repaid after 2,000 images; one run trains 1,500
+    assert payback.images_to_pay_back == pytest.approx(2000)
+    assert payback.images_per_run == 1500 and payback.paid_back_within_a_run is False
+    assert ["paid back within one run", "no"] in payback.rows()
+    slower = RungResult("+ compile", compiled_cfg, runs(50.0, 10.0, 3))
+    assert Ladder((eager, slower), "fake", "cpu", 0.9).compile_payback(500).images_to_pay_back is None
+    assert Ladder((eager,), "fake", "cpu", 0.9).compile_payback(500) is None
+    with pytest.raises(TypeError):
+        Ladder((eager,), "fake", "cpu", 0.9).compile_payback(500.0)
+
+
+def test_image_data_counts_classes_and_the_majority_floor():
+    data = ImageData("t", torch.zeros(4, 3, 2, 2, dtype=torch.uint8), torch.tensor([0, 0, 1, 2]),
+                     torch.zeros(4, 3, 2, 2, dtype=torch.uint8), torch.tensor([1, 1, 1, 0]), ("x", "y", "z"))  # fmt: skip
+    assert data.class_counts() == {"x": 2, "y": 1, "z": 1}
+    assert data.class_counts("test") == {"x": 1, "y": 3, "z": 0}
+    assert data.majority_share == 0.75 and "75.0%" in repr(data)
+    with pytest.raises(ValueError):
+        data.class_counts("val")

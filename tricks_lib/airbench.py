@@ -19,14 +19,19 @@ momentum``), and frozen scales (``weight.requires_grad = False``): only their bi
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
 from tricks_lib._validate import check_flag, check_positive
+from tricks_lib.formatting import format_seconds, markdown_table
 
 __all__ = [
     "AIRBENCH94_WIDTHS",
     "Airbench94",
+    "PublishedRecord",
+    "RecordComparison",
     "airbench94_parameter_count",
     "init_whitening",
     "make_airbench94",
@@ -192,3 +197,57 @@ def init_whitening(layer: nn.Conv2d, images: torch.Tensor, *, eps: float = 5e-4)
     eigenvectors = eigenvectors.T.reshape(c * h * w, c, h, w).flip(0)
     scaled = eigenvectors / torch.sqrt(eigenvalues + eps)
     layer.weight.copy_(torch.cat((scaled, -scaled)).to(layer.weight.dtype))
+
+
+@dataclass(frozen=True)
+class PublishedRecord:
+    """A published time to 94% on CIFAR-10: cited, never measured here."""
+
+    name: str
+    seconds: float  # wall time to 94%, as published
+    gpu: str
+    train_images: float | None = None  # images trained in that time (epochs x 50,000), where the source says
+
+    @property
+    def images_per_second(self) -> float | None:
+        return None if self.train_images is None else self.train_images / self.seconds
+
+
+@dataclass(frozen=True)
+class RecordComparison:
+    """This run's top rung next to published records: its time to target only where the task is theirs
+    (CIFAR-10, width 1, a 94% target), its training throughput always, and how many times the records'."""
+
+    device: str  # this run's device, in words
+    data: str
+    width: float
+    target: float
+    seconds: float | None  # this run's mean time to target (None: a seed missed it)
+    images_per_second: float  # this run's training throughput
+    records: tuple[PublishedRecord, ...]
+
+    @property
+    def same_task(self) -> bool:
+        """True when this run trained what the records did: CIFAR-10 at width 1 to at least 94%."""
+        return self.data == "CIFAR-10" and self.width == 1.0 and self.target >= 0.94
+
+    def rows(self) -> list[list[str]]:
+        mine = "-" if self.seconds is None or not self.same_task else f"{format_seconds(self.seconds)}"
+        rows = [["this run (top rung)", self.device, f"{self.data}, width {self.width:g}", f"{self.target:.0%}", mine,
+                 f"{self.images_per_second:,.0f}", "1x"]]  # fmt: skip
+        for r in self.records:
+            rate = r.images_per_second
+            ratio = "-" if rate is None else f"{rate / self.images_per_second:,.1f}x"
+            rows.append([f"{r.name} (published)", r.gpu, "CIFAR-10, width 1", "94%", format_seconds(r.seconds),
+                         "-" if rate is None else f"{rate:,.0f}", ratio])  # fmt: skip
+        return rows
+
+    def _repr_markdown_(self) -> str:
+        header = ["run", "device", "data", "target", "time to target", "train images/s", "throughput vs this run"]
+        note = "" if self.same_task else (
+            "\n\nDifferent data, width or target: only the throughput compares, and it is not a record."
+        )  # fmt: skip
+        return markdown_table(header, self.rows()) + note
+
+    def __repr__(self) -> str:
+        return self._repr_markdown_()

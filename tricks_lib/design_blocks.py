@@ -31,15 +31,19 @@ throughputs (GPU: GTX 1080Ti, batches/s; ARM: Snapdragon 810, one thread, images
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from tricks_lib.measurements import ComparisonRow
+from tricks_lib.formatting import markdown_table
+from tricks_lib.measurements import Comparison, ComparisonRow
 
 __all__ = [
     "HYBRID_LAYOUTS",
     "SHUFFLENET_V2_TABLES",
+    "ProbeTable",
+    "ProbeTrends",
     "bottleneck_net",
     "channel_ratio_net",
     "fragment_net",
@@ -318,6 +322,99 @@ def trend_against_paper(paper_ratio: float, row: ComparisonRow) -> str:
     if (row.speedup > 1) != (paper_ratio > 1):
         return "inverts"
     return "holds" if abs(math.log(row.speedup)) >= abs(math.log(paper_ratio)) else "weaker"
+
+
+@dataclass(frozen=True)
+class ProbeTable:
+    """One ShuffleNet V2 table timed here: each row's FLOPs, MAC, the paper's two ratios, this run's, the trend.
+
+    Ratios are throughputs relative to the table's first row (the comparison's baseline); the trend
+    reads this run against the paper's half that matches the device (``trend_against_paper``).
+    """
+
+    guideline: str
+    multiplier: int
+    gpu_half: bool  # compared with the paper's GPU half (else its ARM half)
+    comparison: Comparison
+    flops: dict[str, int]
+    mac: dict[str, int]
+
+    def paper_ratio(self, name: str) -> float:
+        """The paper's throughput ratio for ``name`` in the half this run is compared with."""
+        gpu, arm = paper_throughput_ratios(self.guideline, name, self.multiplier)
+        return gpu if self.gpu_half else arm
+
+    def trend(self, name: str) -> str:
+        return trend_against_paper(self.paper_ratio(name), self.comparison[name])
+
+    def note(self, name: str) -> str:
+        """The paper's ratio for ``name`` (this device's half) and the trend, as a verdict-table note."""
+        half = "GPU" if self.gpu_half else "ARM"
+        return f"; paper {half} {self.paper_ratio(name):.2f}x, trend: {self.trend(name)}"
+
+    def rows(self, *, with_counts: bool = True) -> list[list[str]]:
+        out = []
+        for name in self.comparison.names:
+            row, (gpu, arm) = self.comparison[name], paper_throughput_ratios(self.guideline, name, self.multiplier)
+            cells = [name, f"{gpu:.2f}x", f"{arm:.2f}x", f"{row.speedup:.2f}x", row.verdict,
+                     "-" if row.is_baseline else self.trend(name)]  # fmt: skip
+            if with_counts:
+                cells[1:1] = [f"{self.flops[name] / 1e6:.0f}", f"{self.mac[name] / 1e6:.2f}"]
+            out.append(cells)
+        return out
+
+    def _repr_markdown_(self) -> str:
+        half = "GPU" if self.gpu_half else "ARM"
+        header = [
+            "row",
+            "MFLOPs",
+            "MAC (M)",
+            "paper GPU",
+            "paper ARM",
+            "here",
+            "verdict here",
+            f"trend vs paper {half}",
+        ]
+        caption = f"{self.guideline}, width x{self.multiplier}: throughput relative to the first row"
+        return markdown_table(header, self.rows(), caption=caption)
+
+
+@dataclass(frozen=True)
+class ProbeTrends:
+    """Every timed table's rows (first rows left out) side by side with the paper's ratios: one Markdown table."""
+
+    tables: tuple[ProbeTable, ...]
+
+    def _repr_markdown_(self) -> str:
+        body = [
+            [f"{t.guideline} x{t.multiplier}", *cells] for t in self.tables for cells in t.rows(with_counts=False)[1:]
+        ]
+        device = self.tables[0].comparison.device if self.tables else "-"
+        header = ["table", "row vs first row", "paper GPU", "paper ARM", f"here ({device})", "verdict here", "trend"]
+        return markdown_table(header, body)
+
+    def plot(self, ax=None):
+        """Each row's median time against its MAC, both relative to its table's first row. Returns the Axes.
+
+        Within a table the FLOPs are equal, so a FLOP model predicts every point at 1x; the x label
+        gives the widest FLOP difference of any table.
+        """
+        import matplotlib.pyplot as plt
+
+        if ax is None:
+            _, ax = plt.subplots(figsize=(6, 3.8))
+        spread = max((max(t.flops.values()) / min(t.flops.values()) - 1 for t in self.tables), default=0.0)
+        for t in self.tables:
+            cmp_, first = t.comparison, t.comparison.baseline
+            xs = [t.mac[n] / t.mac[first] for n in cmp_.names]
+            ys = [cmp_[n].measurement.median / cmp_[first].measurement.median for n in cmp_.names]
+            ax.plot(xs, ys, marker="o", linestyle="none", label=f"{t.guideline} x{t.multiplier}")
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.set_xlabel(f"MAC relative to the table's first row (FLOPs equal within {spread:.1%})")
+        ax.set_ylabel("time relative to the first row")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        return ax
 
 
 # ---------------------------------------------------------------------------------------------------

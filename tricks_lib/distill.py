@@ -12,13 +12,17 @@ The KL is averaged over the batch (``reduction="batchmean"``, the mathematically
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from scipy import stats
 
-__all__ = ["distillation_loss", "paired_gain_verdict"]
+from tricks_lib.formatting import markdown_table
+
+__all__ = ["DistillationGains", "distillation_gains", "distillation_loss", "paired_gain_verdict"]
 
 
 def distillation_loss(
@@ -107,3 +111,76 @@ def paired_gain_verdict(gains, *, confidence: float = 0.95) -> tuple[str, float,
     low, high = mean - half, mean + half
     verdict = "helps" if low > 0 else "hurts" if high < 0 else "no significant effect"
     return verdict, mean, low, high
+
+
+@dataclass(frozen=True)
+class DistillationGains:
+    """Per-seed test accuracies of every run, and each scenario's paired gain (distilled minus alone).
+
+    Runs are named ``"<scenario>, alone"`` and ``"<scenario>, distilled"``; other runs (a teacher)
+    appear in the accuracy table only. Renders as two Markdown tables.
+    """
+
+    accuracies: Mapping[str, tuple[float, ...]]  # run -> test accuracy per seed (the same seeds for every run)
+    scenarios: tuple[str, ...]
+    confidence: float
+
+    def gain(self, scenario: str) -> np.ndarray:
+        """Per-seed accuracy of the distilled student minus the student alone, for one scenario."""
+        return np.asarray(self.accuracies[f"{scenario}, distilled"]) - np.asarray(self.accuracies[f"{scenario}, alone"])
+
+    def verdict(self, scenario: str) -> tuple[str, float, float, float]:
+        """``paired_gain_verdict`` of the scenario's gains: (verdict, mean, low, high)."""
+        return paired_gain_verdict(self.gain(scenario), confidence=self.confidence)
+
+    def summary(self, scenario: str) -> str:
+        """The scenario's reading in one line, for a verdict table."""
+        verdict, mean, low, high = self.verdict(scenario)
+        seeds = len(self.gain(scenario))
+        return (f"{verdict}: {mean * 100:+.1f} accuracy points ({self.confidence:.0%} interval "
+                f"{low * 100:+.1f} to {high * 100:+.1f}, {seeds} seeds)")  # fmt: skip
+
+    def accuracy_table(self) -> str:
+        seeds = max(len(v) for v in self.accuracies.values())
+        rows = [[name, f"{np.mean(a):.1%} ± {np.std(a, ddof=1):.1%}", f"{min(a):.1%} - {max(a):.1%}"]
+                for name, a in self.accuracies.items()]  # fmt: skip
+        return markdown_table(["run", f"test accuracy, mean ± sd over {seeds} seeds", "min - max"], rows)
+
+    def gain_table(self) -> str:
+        rows = []
+        for scenario in self.scenarios:
+            verdict, mean, low, high = self.verdict(scenario)
+            gain = self.gain(scenario)
+            rows.append([scenario, f"{mean * 100:+.1f} points", f"{low * 100:+.1f} to {high * 100:+.1f}",
+                         f"{gain.min() * 100:+.1f} / {gain.max() * 100:+.1f}", verdict])  # fmt: skip
+        header = ["scenario", "distilled minus alone (mean)", f"{self.confidence:.0%} interval", "worst / best seed",
+                  "reading"]  # fmt: skip
+        return markdown_table(header, rows)
+
+    def _repr_markdown_(self) -> str:
+        return self.accuracy_table() + "\n\n" + self.gain_table()
+
+    def __repr__(self) -> str:
+        return self._repr_markdown_()
+
+
+def distillation_gains(
+    accuracies: Mapping[str, Sequence[float]], scenarios: Sequence[str], *, confidence: float = 0.95
+) -> DistillationGains:
+    """Collect per-seed accuracies and read each scenario's distillation gain (see ``DistillationGains``).
+
+    Raises:
+        KeyError: a scenario lacks its ``", alone"`` or ``", distilled"`` run.
+        ValueError: runs with different numbers of seeds, or fewer than two seeds (``paired_gain_verdict``).
+    """
+    runs = {name: tuple(float(a) for a in values) for name, values in accuracies.items()}
+    for scenario in scenarios:
+        for kind in ("alone", "distilled"):
+            if f"{scenario}, {kind}" not in runs:
+                raise KeyError(f"no run named {scenario + ', ' + kind!r}; the runs are {sorted(runs)}")
+    if len({len(v) for v in runs.values()}) > 1:
+        raise ValueError("every run needs one accuracy per seed, the same seeds for every run")
+    gains = DistillationGains(runs, tuple(scenarios), confidence)
+    for scenario in scenarios:
+        gains.verdict(scenario)  # validates the seeds and the confidence now, not at display time
+    return gains

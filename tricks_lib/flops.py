@@ -12,6 +12,8 @@
   ``hw(c1 + c2) + c1 c2 / g``.
 * ``count_memory_access(module, *inputs)``: the same model summed over a whole network's convolution
   and linear layers in one forward pass (input, output and weights of each, measured with hooks).
+* ``rank_by_flops(comparison, flops, mac)``: how well FLOPs order timed models, every pair read from
+  the same paired rounds (a ``FlopRanking``, which renders as a table).
 
 Both counters run their forward pass on one intra-op thread (restored afterwards): the counts do not
 depend on it, and on a busy machine two threads spend far longer synchronizing than computing.
@@ -24,12 +26,27 @@ of ShuffleNet V2 is about.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-__all__ = ["conv1x1_memory_access_cost", "conv_memory_access_cost", "count_flops", "count_memory_access"]
+from tricks_lib.formatting import format_seconds, markdown_table
+
+if TYPE_CHECKING:
+    from tricks_lib.measurements import Comparison
+
+__all__ = [
+    "FlopRanking",
+    "conv1x1_memory_access_cost",
+    "conv_memory_access_cost",
+    "count_flops",
+    "count_memory_access",
+    "rank_by_flops",
+]
 
 
 def _check_forward_args(module: object, inputs: tuple) -> None:
@@ -156,3 +173,99 @@ def count_memory_access(module: nn.Module, *inputs: torch.Tensor) -> int:
         for handle in handles:
             handle.remove()
     return total
+
+
+@dataclass(frozen=True)
+class FlopRanking:
+    """How well FLOPs (and MAC) order models by time, every pair read from the same paired rounds.
+
+    A pair (fewer FLOPs, more FLOPs) is *misranked* when the model with fewer FLOPs ran significantly
+    slower, *ranked right* when it ran significantly faster, and *unresolved* otherwise.
+    """
+
+    rows: tuple[tuple[str, int, int, float], ...]  # (model, FLOPs, MAC, median seconds), by FLOPs
+    misranked: tuple[tuple[str, str], ...]
+    ranked_right: int
+    unresolved: int
+    flops_rho: float  # Spearman correlation of the medians with FLOPs (+1: FLOPs order = time order)
+    mac_rho: float
+    label: str = ""  # the comparison's label (what one timed call was)
+    device: str = "-"
+
+    @property
+    def pairs(self) -> int:
+        return len(self.misranked) + self.ranked_right + self.unresolved
+
+    @property
+    def summary(self) -> str:
+        """The ranking in one line, for a verdict table."""
+        return (
+            f"of {self.pairs} pairs: {len(self.misranked)} significantly misranked, {self.ranked_right} "
+            f"significantly in FLOP order, {self.unresolved} unresolved; rank correlation of the medians: "
+            f"FLOPs {self.flops_rho:.2f}, MAC {self.mac_rho:.2f}"
+        )
+
+    def _repr_markdown_(self) -> str:
+        body = [[name, f"{f / 1e9:.2f}", f"{m / 1e6:.1f}", format_seconds(t), f"{f / t / 1e9:.1f}"]
+                for name, f, m, t in self.rows]  # fmt: skip
+        table = markdown_table(["model (by FLOPs)", "GFLOPs", "MAC (M)", "median", "GFLOP/s"], body)
+        wrong = "; ".join(f"{a} slower than {b}" for a, b in self.misranked) or "none"
+        return f"{table}\n\nMisranked pairs (fewer FLOPs, significantly slower): {wrong}.\n\nIn short: {self.summary}."
+
+    def __repr__(self) -> str:
+        return f"FlopRanking({self.summary})"
+
+    def plot(self, axes=None):
+        """Two panels, each model's median time against its GFLOPs and against its MAC. Returns the axes."""
+        import matplotlib.pyplot as plt
+
+        if axes is None:
+            _, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
+        for ax, column, scale, xlabel in ((axes[0], 1, 1e9, "GFLOPs (2 per multiply-add)"),
+                                          (axes[1], 2, 1e6, "MAC of conv/linear layers (M elements)")):  # fmt: skip
+            for row in self.rows:
+                x, y = row[column] / scale, row[3] * 1e3
+                ax.scatter(x, y)
+                ax.annotate(row[0], (x, y), fontsize=7)
+            ax.set_xlabel(xlabel)
+            ax.grid(alpha=0.3)
+        axes[0].set_ylabel("median time per call (ms)")
+        axes[0].figure.suptitle(f"{self.label} on {self.device}", fontsize=10)
+        return axes
+
+
+def rank_by_flops(comparison: Comparison, flops: Mapping[str, int], mac: Mapping[str, int]) -> FlopRanking:
+    """Read every pair of ``comparison``'s variants in FLOP order, and the rank correlations of their medians.
+
+    Args:
+        comparison: the models timed interleaved by ``compare`` (every variant a model).
+        flops / mac: each variant's FLOPs and memory access, keyed by the variant names.
+
+    Raises:
+        KeyError: a variant has no FLOP or MAC count.
+        ValueError: fewer than three variants (a rank correlation needs three).
+    """
+    from scipy.stats import spearmanr
+
+    names = list(comparison.names)
+    if len(names) < 3:
+        raise ValueError(f"rank_by_flops needs at least 3 timed models, got {len(names)}")
+    missing = [n for n in names if n not in flops or n not in mac]
+    if missing:
+        raise KeyError(f"no FLOP or MAC count for {missing}")
+    by_flops = sorted(names, key=lambda n: flops[n])
+    pairs = [(a, b) for i, a in enumerate(by_flops) for b in by_flops[i + 1 :]]
+    rows = {pair: comparison.versus(*pair) for pair in pairs}
+    misranked = tuple(pair for pair, r in rows.items() if r.significant and r.speedup < 1)
+    right = sum(r.significant and r.speedup > 1 for r in rows.values())
+    medians = [comparison[n].measurement.median for n in names]
+    return FlopRanking(
+        rows=tuple((n, flops[n], mac[n], comparison[n].measurement.median) for n in by_flops),
+        misranked=misranked,
+        ranked_right=right,
+        unresolved=len(pairs) - len(misranked) - right,
+        flops_rho=float(spearmanr([flops[n] for n in names], medians).statistic),
+        mac_rho=float(spearmanr([mac[n] for n in names], medians).statistic),
+        label=comparison.label,
+        device=comparison.device,
+    )

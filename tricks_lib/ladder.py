@@ -50,6 +50,7 @@ __all__ = [
     "run_ladder",
     "run_to_target",
     "train_to_target",
+    "unsupported_reason",
 ]
 
 _OPTIMIZER_IMPLS = ("for-loop", "foreach", "fused")
@@ -389,6 +390,34 @@ def _lookahead_update(model: torch.nn.Module, ema: dict | None, decay: float) ->
 
 
 # --------------------------------------------------------------------------------------------- ladder
+def unsupported_reason(changes: dict, device: str | torch.device) -> str | None:
+    """Why a rung's ``changes`` need hardware ``device`` lacks, or None when they run there as meant.
+
+    fp16 autocast with GradScaler is a CUDA recipe (CPU autocast is built for bf16); bf16 autocast
+    needs a device whose autocast type is bf16 (``training.autocast_dtype``: CPUs, CUDA from compute
+    capability 8.0; below it bf16 is emulated).
+    """
+    from tricks_lib.training import autocast_dtype
+
+    dev = torch.device(device)
+    wanted = changes.get("autocast_dtype")
+    if wanted == torch.float16 and dev.type != "cuda":
+        return "CUDA only: CPU autocast is built for bf16"
+    if wanted == torch.bfloat16 and autocast_dtype(dev) != torch.bfloat16:
+        return "bf16 is emulated below compute capability 8.0"
+    return None
+
+
+def _skip_reasons(rungs: Sequence[Rung], device: torch.device | None) -> list[Rung]:
+    """The rungs, each unsupported one (``unsupported_reason`` on ``device``; None: none checked) skipped."""
+    if device is None:
+        return list(rungs)
+    return [
+        dataclasses.replace(r, skip_reason=unsupported_reason(r.changes, device)) if r.skip_reason is None else r
+        for r in rungs
+    ]
+
+
 def _cumulative(base: LadderConfig, rungs: Sequence[Rung]) -> list[LadderConfig | None]:
     configs, current = [], base
     for rung in rungs:
@@ -410,6 +439,7 @@ def run_ladder(
     context: Callable[[Rung], object] | None = None,
     warmup: bool = True,
     progress: bool = False,
+    skip_unsupported: bool = False,
 ) -> Ladder:
     """Train every rung (the first one is the baseline: usually ``Rung("baseline")``) from each seed.
 
@@ -427,6 +457,8 @@ def run_ladder(
         warmup: before timing, train each rung's config (eager) for two untimed steps on a few
             images, so that no rung pays the creation of its kernels inside its time to target.
         progress: a progress bar over the training runs (off under ``TRICKS_PROGRESS=0``).
+        skip_unsupported: skip each rung whose own changes need hardware this device lacks, with
+            ``unsupported_reason`` as its skip reason (fp16 + GradScaler off CUDA, bf16 where emulated).
     """
     import contextlib
 
@@ -435,6 +467,7 @@ def run_ladder(
     if not seeds:
         raise ValueError("seeds is empty: pass at least one seed")
     dev = pick_device(device) if device is not None else pick_device()
+    rungs = _skip_reasons(rungs, dev if skip_unsupported else None)
     configs = _cumulative(base, rungs)
     ran = [(rung, config) for rung, config in zip(rungs, configs) if config is not None]
     if warmup:  # untimed: each config's eager kernels are created once (oneDNN/cuDNN pick them at first use)

@@ -14,22 +14,40 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+import torch
+
+from tricks_lib._validate import check_positive
 from tricks_lib.formatting import format_bytes, format_seconds, markdown_table
 from tricks_lib.summary import SummaryRow
 
 if TYPE_CHECKING:
     from tricks_lib.ladder import LadderConfig, TrainingRun
 
-__all__ = ["Ladder", "Rung", "RungResult"]
+__all__ = ["CompilePayback", "Ladder", "LadderReading", "Rung", "RungResult"]
 
 
 @dataclass(frozen=True)
 class Rung:
-    """One trick: a name, the ``LadderConfig`` fields it changes, and why it is skipped here (None: it runs)."""
+    """One trick: a name, the ``LadderConfig`` fields it changes, why it is skipped here (None: it runs),
+    and when it does not help (a fixed fact for the verdict table, never an outcome)."""
 
     name: str
     changes: dict = dataclasses.field(default_factory=dict)
     skip_reason: str | None = None
+    caveat: str = ""
+
+    @classmethod
+    def adding(cls, *, caveat: str = "", skip_reason: str | None = None, **changes) -> Rung:
+        """The rung that sets ``changes`` (``LadderConfig`` fields), named after them, so that the name says
+        exactly what changed: ``Rung.adding(channels_last=True).name == "+ channels_last"``, and
+        ``"+ batch_size=128, warmup_fraction=0.23"``, ``"+ autocast_dtype=bfloat16"``.
+
+        Raises:
+            ValueError: no change, or a field ``LadderConfig`` does not have.
+        """
+        if not changes:
+            raise ValueError("Rung.adding() needs at least one LadderConfig field to change, e.g. channels_last=True")
+        return cls("+ " + ", ".join(_change_name(k, v) for k, v in changes.items()), dict(changes), skip_reason, caveat)
 
     def __post_init__(self) -> None:
         from tricks_lib.ladder import LadderConfig  # here, not at the top: ladder imports this module
@@ -37,6 +55,14 @@ class Rung:
         unknown = set(self.changes) - {f.name for f in dataclasses.fields(LadderConfig)}
         if unknown:
             raise ValueError(f"rung {self.name!r} changes unknown LadderConfig fields {sorted(unknown)}")
+
+
+def _change_name(field: str, value: object) -> str:
+    if value is True:
+        return field
+    if isinstance(value, torch.dtype):
+        return f"{field}={str(value).removeprefix('torch.')}"
+    return f"{field}={value}"
 
 
 def _spread(values: Sequence[float]) -> float:
@@ -126,16 +152,26 @@ class Ladder:
     def verdict(self, name: str) -> str:
         """``name``'s time to target against the rung before it: faster / slower when the seeds' ranges do
         not overlap, else "no clear change"; or how many seeds missed the target; or the skip reason."""
+        before = None if self[name].skipped else self.previous(name)
+        return self._read(name, None if before is None else before.name, "the rung before")
+
+    def verdict_against(self, name: str, reference: str, *, label: str | None = None) -> str:
+        """``name``'s time to target against any rung ``reference`` (e.g. the top rung against the
+        baseline), read like ``verdict``: faster or slower only when the seeds' times do not overlap.
+        ``label`` names the reference in the sentence (default: its name)."""
+        return self._read(name, self[reference].name, reference if label is None else label)
+
+    def _read(self, name: str, reference: str | None, label: str) -> str:
         rung = self[name]
         if rung.skipped:
             return f"skipped: {rung.skip_reason}"
         if rung.mean_time is None:
             return f"missed the target in {len(rung.runs) - rung.reached} of {len(rung.runs)} seeds"
-        before = self.previous(name)
-        if before is None:
+        if reference is None:
             return "baseline"
+        before = self[reference]
         if before.mean_time is None:
-            return "reached the target in every seed (the rung before did not)"
+            return f"reached the target in every seed ({label} did not)"
         mine, theirs, note = rung.times, before.times, ""
         if _reused_compile(before, rung):
             # The rung before paid the compile; this one reused its graph from the same process, which a
@@ -144,10 +180,48 @@ class Ladder:
             note = ", compile excluded on both sides: this rung reused the graph the rung before compiled"
         ratio = statistics.fmean(theirs) / statistics.fmean(mine)
         if max(mine) < min(theirs):
-            return f"{ratio:.2f}x faster to target than the rung before (no seed overlap{note})"
+            return f"{ratio:.2f}x faster to target than {label} (no seed overlap{note})"
         if min(mine) > max(theirs):
-            return f"{1 / ratio:.2f}x slower to target than the rung before (no seed overlap{note})"
+            return f"{1 / ratio:.2f}x slower to target than {label} (no seed overlap{note})"
         return f"no clear change ({ratio:.2f}x; the seeds' times overlap{note})"
+
+    def reading(self) -> LadderReading:
+        """The ladder's verdicts grouped: which rungs bought time, which cost time, which changed nothing
+        clearly, which missed the target or were skipped, and the top rung against the baseline."""
+        ran = self.ran[1:]
+        top, base = self.ran[-1].name, self.ran[0].name
+        return LadderReading(
+            faster=tuple(r.name for r in ran if self.helped(r.name)),
+            slower=tuple(r.name for r in ran if "slower" in self.verdict(r.name)),
+            unclear=tuple(r.name for r in ran if self.verdict(r.name).startswith("no clear")),
+            missed=tuple(r.name for r in self.ran if r.mean_time is None),
+            skipped=tuple(f"{r.name} ({r.skip_reason})" for r in self.rungs if r.skipped),
+            stack=self.verdict_against(top, base, label="the baseline") if top != base else "only the baseline ran",
+            top=top,
+        )
+
+    def compile_payback(self, images_per_epoch: int) -> CompilePayback | None:
+        """The first compiled rung's compile against the faster steps it buys (None: no compiled rung ran).
+
+        Args:
+            images_per_epoch: training images per epoch, to count the images one run trains.
+        """
+        check_positive(images_per_epoch, "images_per_epoch", allow_none=False, integer=True)
+        compiled = next((r for r in self.ran if r.config is not None and r.config.compile), None)
+        if compiled is None:
+            return None
+        eager = self.previous(compiled.name)
+        if eager is None:
+            raise ValueError(f"the compiled rung {compiled.name!r} is the baseline: nothing eager to compare with")
+        epochs = compiled.runs[0].trace.epochs_to_target
+        return CompilePayback(
+            rung=compiled.name,
+            compile_seconds=tuple(run.compile_seconds or 0.0 for run in compiled.runs),
+            time_to_target=tuple(run.time_to_target for run in compiled.runs),
+            eager_images_per_second=eager.mean("images_per_second"),
+            compiled_images_per_second=compiled.mean("images_per_second"),
+            images_per_run=None if epochs is None else epochs * images_per_epoch,
+        )
 
     def helped(self, name: str) -> bool:
         """True when ``name`` reached the target in every seed, clearly faster than the rung before."""
@@ -163,7 +237,7 @@ class Ladder:
             return "-" if mean is None else f"{fmt(mean)} ± {fmt(spread or 0.0)}"
 
         if r.skipped:
-            return [r.name, "-", "-", "-", "-", "-", self.verdict(r.name)]
+            return [r.name, "-", "-", "-", "-", "-", "-", self.verdict(r.name)]
         compile_s = r.mean("compile_seconds")
         memory = r.mean("peak_memory_bytes")
         return [
@@ -171,6 +245,7 @@ class Ladder:
             pm(r.mean_time, r.time_spread, format_seconds)
             + ("" if r.mean_time else f" ({r.reached}/{len(r.runs)} reached)"),
             pm(r.mean("final_accuracy"), r.spread("final_accuracy"), lambda a: f"{a:.1%}"),
+            ", ".join("-" if run.trace.epochs_to_target is None else str(run.trace.epochs_to_target) for run in r.runs),
             f"{r.mean('images_per_second'):,.0f}",
             "-" if compile_s is None else format_seconds(compile_s),
             format_bytes(memory) if memory is not None else f"{format_bytes(r.mean('saved_bytes'))} saved",
@@ -178,7 +253,7 @@ class Ladder:
         ]
 
     def to_markdown(self) -> str:
-        header = ["rung (cumulative)", "time to target (mean ± sd)", "final accuracy", "train images/s",
+        header = ["rung (cumulative)", "time to target (mean ± sd)", "final accuracy", "epochs (per seed)", "train images/s",
                   "compile", "peak memory (CPU: saved for backward, one step)", "verdict"]  # fmt: skip
         return markdown_table(header, [self._row(r) for r in self.rungs])
 
@@ -229,7 +304,8 @@ class Ladder:
         }  # fmt: skip
 
     def plot(self, axes=None):
-        """Two panels: time to target per rung (mean, one dot per seed), and final accuracy. Returns the axes."""
+        """Two panels: time to target per rung (mean, one dot per seed), and final accuracy, under a title
+        naming the target, the device and the seeds. Returns the axes."""
         import matplotlib.pyplot as plt
 
         if axes is None:
@@ -258,4 +334,88 @@ class Ladder:
             ax.set_xticks(list(xs), names, rotation=40, ha="right", fontsize=8)
             ax.grid(axis="y", alpha=0.3)
         ax_t.set_title("green: clearly faster than the rung before; red: clearly slower", fontsize=9)
+        seeds = max((len(r.runs) for r in self.rungs), default=0)
+        fig = ax_t.figure
+        fig.suptitle(f"Time to {self.target:.0%} test accuracy, one trick added per rung ({self.device}, {seeds} seeds)",
+                     fontsize=10)  # fmt: skip
+        fig.tight_layout()
         return axes
+
+
+def _names(names: tuple[str, ...]) -> str:
+    return ", ".join(names) or "none"
+
+
+@dataclass(frozen=True)
+class LadderReading:
+    """A ladder's verdicts grouped by outcome (``Ladder.reading()``); renders as a two-column table."""
+
+    faster: tuple[str, ...]  # clearly faster than the rung before (no seed overlap)
+    slower: tuple[str, ...]  # clearly slower than the rung before
+    unclear: tuple[str, ...]  # the seeds' times overlap
+    missed: tuple[str, ...]  # a seed ended its schedule below the target
+    skipped: tuple[str, ...]  # "name (reason)"
+    stack: str  # the top rung's verdict against the baseline
+    top: str  # the top rung that ran
+
+    def rows(self) -> list[list[str]]:
+        return [
+            ["clearly faster than the rung before", _names(self.faster)],
+            ["clearly slower than the rung before", _names(self.slower)],
+            ["no clear change", _names(self.unclear)],
+            ["missed the target in some seed", _names(self.missed)],
+            ["skipped here", _names(self.skipped)],
+            [f"top rung ({self.top}) against the baseline", self.stack],
+        ]
+
+    def _repr_markdown_(self) -> str:
+        return markdown_table(["outcome", "rungs"], self.rows())
+
+    def __repr__(self) -> str:
+        return "\n".join(f"{k}: {v}" for k, v in self.rows())
+
+
+@dataclass(frozen=True)
+class CompilePayback:
+    """The first compiled rung's compile seconds per seed against the images its faster steps need to repay them."""
+
+    rung: str
+    compile_seconds: tuple[float, ...]  # per seed; the first seed's is the cold compile
+    time_to_target: tuple[float | None, ...]  # per seed, compile included
+    eager_images_per_second: float  # the rung before (eager), compile excluded
+    compiled_images_per_second: float
+    images_per_run: int | None  # images the first seed trained to reach the target (None: it missed)
+
+    @property
+    def images_to_pay_back(self) -> float | None:
+        """Training images after which the first seed's compile is repaid; None: the compiled step is not faster."""
+        saved = 1 / self.eager_images_per_second - 1 / self.compiled_images_per_second  # seconds per image
+        return self.compile_seconds[0] / saved if saved > 0 else None
+
+    @property
+    def paid_back_within_a_run(self) -> bool | None:
+        """True when one run trains more images than the compile needs to be repaid (None: unknown)."""
+        need = self.images_to_pay_back
+        if self.images_per_run is None:
+            return None
+        return need is not None and self.images_per_run >= need
+
+    def rows(self) -> list[list[str]]:
+        need, within = self.images_to_pay_back, self.paid_back_within_a_run
+        return [
+            ["compile seconds per seed", ", ".join(format_seconds(s) for s in self.compile_seconds)],
+            ["share of time to target", ", ".join("-" if t is None else f"{c / t:.0%}"
+                                                  for c, t in zip(self.compile_seconds, self.time_to_target))],
+            ["train images/s eager -> compiled",
+             f"{self.eager_images_per_second:,.0f} -> {self.compiled_images_per_second:,.0f}"],
+            ["images until the cold compile is paid back",
+             "never: the compiled step is not faster" if need is None else f"{need:,.0f}"],
+            ["images one run trains here", "-" if self.images_per_run is None else f"{self.images_per_run:,}"],
+            ["paid back within one run", "unknown (a seed missed)" if within is None else "yes" if within else "no"],
+        ]  # fmt: skip
+
+    def _repr_markdown_(self) -> str:
+        return markdown_table([f"torch.compile ({self.rung})", "this run"], self.rows())
+
+    def __repr__(self) -> str:
+        return "\n".join(f"{k}: {v}" for k, v in self.rows())

@@ -38,12 +38,48 @@ class ImageData:
         """Per-channel standard deviation of the training images in [0, 1], shape (3,)."""
         return self.train_images.float().std(dim=(0, 2, 3)) / 255
 
+    def class_counts(self, split: str = "train") -> dict[str, int]:
+        """Images per class in ``split`` ("train" or "test"), every class listed (0 where absent).
+
+        Raises:
+            ValueError: ``split`` is neither "train" nor "test".
+        """
+        if split not in ("train", "test"):
+            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        labels = self.train_labels if split == "train" else self.test_labels
+        counts = torch.bincount(labels, minlength=len(self.class_names)).tolist()
+        return dict(zip(self.class_names, counts))
+
+    @property
+    def majority_share(self) -> float:
+        """Test accuracy of always guessing the test set's largest class: the floor any target must clear."""
+        return max(self.class_counts("test").values()) / len(self.test_labels)
+
     def __repr__(self) -> str:
         _, c, h, w = self.train_images.shape
+        counts = self.class_counts("train").values()
         return (
             f"ImageData({self.name}: {len(self.train_labels)} train / {len(self.test_labels)} test images of "
-            f"{c}x{h}x{w}, {len(self.class_names)} classes)"
+            f"{c}x{h}x{w}, {len(self.class_names)} classes of {min(counts)}-{max(counts)} training images; "
+            f"always guessing the largest class scores {self.majority_share:.1%} on test)"
         )
+
+    def plot_examples(self, per_class: int = 2):
+        """A grid of the first ``per_class`` training images of every class (a column each). Returns the figure."""
+        import matplotlib.pyplot as plt
+
+        check_positive(per_class, "per_class", allow_none=False, integer=True)
+        n = len(self.class_names)
+        fig, axes = plt.subplots(per_class, n, figsize=(1.1 * n, 1.3 * per_class), squeeze=False)
+        for c, name in enumerate(self.class_names):
+            for row, i in enumerate((self.train_labels == c).nonzero().flatten()[:per_class].tolist()):
+                axes[row, c].imshow(self.train_images[i].permute(1, 2, 0).numpy())  # (H, W, 3) uint8
+            axes[0, c].set_title(name, fontsize=7)
+        for ax in axes.flat:
+            ax.axis("off")
+        _, _, h, w = self.train_images.shape
+        fig.suptitle(f"{per_class} training images per class ({h}x{w})", fontsize=9)
+        return fig
 
 
 def photo_data(train: int, test: int, *, size: int = 32, seed: int = 0) -> ImageData:

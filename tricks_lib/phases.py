@@ -28,6 +28,7 @@ import torch
 from tricks_lib._validate import check_flag, check_non_negative_int, check_positive
 from tricks_lib.env import pick_device
 from tricks_lib.formatting import format_seconds, html_table, markdown_table
+from tricks_lib.profiling import next_batch
 from tricks_lib.summary import SummaryRow
 from tricks_lib.timing import _progress_bar, _synced_timer
 
@@ -380,13 +381,7 @@ def phase_split(
             recorder.current = {}
             with torch.profiler.record_function(WAIT_PHASE):
                 before = now()
-                try:
-                    batch = next(iterator)
-                except StopIteration:
-                    raise ValueError(
-                        f"the loader yielded {i} batches, but warmup + steps = {warmup + steps} are needed: "
-                        "use a longer loader or fewer steps"
-                    ) from None
+                batch = next_batch(iterator, i, warmup + steps)
                 recorder.add(WAIT_PHASE, now() - before)
             step(batch, recorder)
             if i >= warmup:

@@ -42,6 +42,7 @@ __all__ = [
     "PixelJitterDataset",
     "PySpySample",
     "StepSplit",
+    "next_batch",
     "plot_trace",
     "py_spy_sample",
     "read_jitter_forever",
@@ -162,6 +163,17 @@ class StepSplit:
         }
 
 
+def next_batch(iterator, index: int, needed: int):
+    """The loader's next batch; a loader that runs out before ``needed`` batches is a ValueError."""
+    try:
+        return next(iterator)
+    except StopIteration:
+        raise ValueError(
+            f"the loader yielded {index} batches, but warmup + steps = {needed} are needed: "
+            "use a longer loader or fewer steps"
+        ) from None
+
+
 def step_split(
     loader: Iterable,
     step: Callable[[object], object],
@@ -211,13 +223,7 @@ def step_split(
         if i == warmup:
             start = clock()
         before = now()
-        try:
-            batch = next(iterator)
-        except StopIteration:
-            raise ValueError(
-                f"the loader yielded {i} batches, but warmup + steps = {warmup + steps} are needed: "
-                "use a longer loader or fewer steps"
-            ) from None
+        batch = next_batch(iterator, i, warmup + steps)
         handed_over = now()
         step(batch)
         done = clock()

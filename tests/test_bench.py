@@ -297,6 +297,7 @@ def test_time_first_call_and_format():
     assert format_seconds(2.5) == "2.5 s"
     assert format_seconds(3e-6) == "3 us"
     assert format_seconds(5e-9) == "5 ns"
+    assert format_seconds(1289) == "21.5 min" and format_seconds(40000) == "11.1 h"  # not "1.29e+03 s"
 
 
 @pytest.mark.parametrize(

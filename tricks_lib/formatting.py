@@ -17,6 +17,11 @@ def format_seconds(seconds: float) -> str:
     """A time with a readable unit: ``format_seconds(0.00123) == '1.23 ms'``."""
     if not math.isfinite(seconds):
         return str(seconds)
+    # Three significant digits stop at 999 s; past that "1.29e+03 s" would be printed.
+    if abs(seconds) >= 36000:
+        return f"{seconds / 3600:.1f} h"
+    if abs(seconds) >= 1000:
+        return f"{seconds / 60:.1f} min"
     for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
         if abs(seconds) >= scale:
             return f"{seconds / scale:.3g} {unit}"

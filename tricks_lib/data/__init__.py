@@ -5,7 +5,8 @@ Modules: ``images`` (generator, encode/decode, folder writer), ``shards`` (tar s
 dataset over them), ``shard_index`` (a shard's index and the checked index file beside it),
 ``tar_format`` (the strict tar reader under the shards), ``image_folder`` (your own images in the
 ImageFolder layout, converted to shards), ``samples`` (the sample check every writer
-runs), ``containers`` (LMDB, HDF5, TFRecord, .pt, .npy), ``prefetch`` (DevicePrefetcher), ``cache``
+runs), ``containers`` (LMDB, HDF5, TFRecord, .pt, .npy), ``jpeg_pipeline`` (JPEG batches decoded
+in DataLoader workers into reused shared memory), ``prefetch`` (DevicePrefetcher), ``cache``
 (page-cache eviction and residency; a process's and a DataLoader worker's private memory). All
 writers are atomic: temporary name, rename on success.
 """
@@ -49,6 +50,17 @@ from tricks_lib.data.images import (
     render_photos,
     write_image_folder,
 )
+from tricks_lib.data.jpeg_pipeline import (
+    JPEG_DECODERS,
+    BatchRequest,
+    JpegBatchDataset,
+    JpegLoader,
+    LoaderCounts,
+    PipelineEfficiency,
+    limit_worker_threads,
+    pipeline_efficiency,
+    prefault_pages,
+)
 from tricks_lib.data.prefetch import DevicePrefetcher, move_to_device
 from tricks_lib.data.samples import check_samples
 from tricks_lib.data.shards import (
@@ -62,6 +74,7 @@ from tricks_lib.data.shards import (
 )
 
 __all__ = [
+    "BatchRequest",
     "CacheResidency",
     "DecodeSample",
     "DevicePrefetcher",
@@ -69,8 +82,13 @@ __all__ = [
     "FolderDataset",
     "Hdf5Dataset",
     "IMAGE_FORMATS",
+    "JPEG_DECODERS",
+    "JpegBatchDataset",
+    "JpegLoader",
     "LmdbDataset",
+    "LoaderCounts",
     "PhotoSet",
+    "PipelineEfficiency",
     "ProcessMemory",
     "PtDataset",
     "ShardError",
@@ -87,10 +105,13 @@ __all__ = [
     "image_folder_files",
     "image_folder_to_shards",
     "index_tar_shard",
+    "limit_worker_threads",
     "loader_worker_memory",
     "make_samples",
     "move_to_device",
     "page_cache_residency",
+    "pipeline_efficiency",
+    "prefault_pages",
     "process_memory",
     "read_shard_classes",
     "read_tar_samples",

@@ -2,7 +2,14 @@
 
 import pytest
 
-from tricks_lib.env_compare import compare_environments, evaluate_in_environments, find_shared_library
+from tricks_lib.env_compare import (
+    EnvironmentComparison,
+    allocator_environments,
+    compare_environments,
+    evaluate_in_environments,
+    find_shared_library,
+    loaded_allocators,
+)
 
 ENVS = {"a": {"TRICKS_ENV_PROBE": "a"}, "b": {"TRICKS_ENV_PROBE": "b"}}
 
@@ -35,3 +42,54 @@ def test_arguments_are_checked():
     with pytest.raises(TypeError):
         compare_environments("", "pass", {"a": {"X": 1}}, baseline="a")
     assert find_shared_library("libdefinitely-not-here.so.9") is None
+
+
+def _comparison(num_threads, thread_counts):
+    return EnvironmentComparison(
+        label="sweep", baseline="a", rows=(), rounds=8, device="cpu", num_threads=num_threads, min_effect=0.03,
+        thread_counts=thread_counts,
+    )  # fmt: skip
+
+
+def test_caption_gives_each_workers_threads():
+    one = _comparison(1, (1, 1))._caption()
+    assert "1 thread per worker" in one and "1 threads" not in one
+    sweep = _comparison(1, (1, 2))._caption()
+    assert "1/2 threads per worker" in sweep and ", 1 threads" not in sweep
+    assert "2 threads per worker" in _comparison(2, (2,))._caption()
+
+
+def test_allocator_environments_name_what_is_missing(monkeypatch):
+    import tricks_lib.env_compare as env_compare
+
+    monkeypatch.setattr(env_compare, "find_shared_library", lambda name: None if "jemalloc" in name else f"/lib/{name}")
+    environments, missing = allocator_environments()
+    assert environments == {
+        "glibc malloc": {"LD_PRELOAD": None},
+        "tcmalloc": {"LD_PRELOAD": "/lib/libtcmalloc_minimal.so.4"},
+    }
+    assert missing == {"jemalloc": "apt-get install -y libjemalloc2"}
+
+
+@pytest.mark.slow
+def test_loaded_allocators_sees_each_preload():
+    environments, _ = allocator_environments()
+    mapped = loaded_allocators(environments)
+    assert mapped["glibc malloc"] == ()
+    for name in set(environments) - {"glibc malloc"}:
+        assert mapped[name] == (name,)
+
+
+@pytest.mark.slow
+def test_a_thread_sweep_reports_each_workers_threads():
+    envs = {"one": {"OMP_NUM_THREADS": "1"}, "two": {"OMP_NUM_THREADS": "2"}}
+    cmp = compare_environments(
+        "values = list(range(100))", "sum(values)", envs, baseline="one", rounds=8, block_seconds=0.002, progress=True
+    )
+    assert isinstance(cmp, EnvironmentComparison) and cmp.thread_counts == (1, 2)
+    assert [r.measurement.num_threads for r in cmp.rows] == [1, 2] and "1/2 threads per worker" in cmp._caption()
+
+
+def test_progress_must_be_a_flag():
+    with pytest.raises(TypeError, match="progress"):
+        compare_environments("", "pass", ENVS, baseline="a", progress="yes")

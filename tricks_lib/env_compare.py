@@ -13,10 +13,15 @@ gets several draws.
 - ``evaluate_in_environments(expression, environments)``: what an expression gives in each environment's
   fresh process (e.g. whether jemalloc is really mapped: ``preloaded('jemalloc')``).
 - ``find_shared_library(filename)``: the path of a library such as ``libjemalloc.so.2``, or None.
+- ``allocator_environments()``: glibc plus every allocator of ``ALLOCATORS`` found here (``LD_PRELOAD``),
+  and the install line of each one missing; ``loaded_allocators(environments)``: which of them each
+  environment's process really mapped.
 """
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import json
 import os
 import random
@@ -36,8 +41,17 @@ from tricks_lib.stats import (
     DEFAULT_MIN_EFFECT,
     MIN_ROUNDS_FOR_VERDICT,
 )
+from tricks_lib.timing import _progress_bar
 
-__all__ = ["ALLOCATORS", "compare_environments", "evaluate_in_environments", "find_shared_library"]
+__all__ = [
+    "ALLOCATORS",
+    "EnvironmentComparison",
+    "allocator_environments",
+    "compare_environments",
+    "evaluate_in_environments",
+    "find_shared_library",
+    "loaded_allocators",
+]
 
 # name -> (shared library, the Debian/Ubuntu package that installs it)
 ALLOCATORS = {
@@ -100,6 +114,66 @@ def find_shared_library(filename: str) -> str | None:
         if path.exists():
             return str(path)
     return None
+
+
+def allocator_environments() -> tuple[dict[str, dict[str, str | None]], dict[str, str]]:
+    """Environments for an allocator comparison, and the allocators missing here.
+
+    Returns:
+        (environments, missing): environments maps ``"glibc malloc"`` to ``{"LD_PRELOAD": None}`` (unset)
+        and each allocator of ``ALLOCATORS`` found on this machine to ``{"LD_PRELOAD": its path}``;
+        missing maps each allocator not found to the command that installs it.
+    """
+    environments: dict[str, dict[str, str | None]] = {"glibc malloc": {"LD_PRELOAD": None}}
+    missing = {}
+    for name, (library, install) in ALLOCATORS.items():
+        path = find_shared_library(library)
+        if path is None:
+            missing[name] = install
+        else:
+            environments[name] = {"LD_PRELOAD": path}
+    return environments, missing
+
+
+def loaded_allocators(
+    environments: Mapping[str, Mapping[str, str | None]], *, timeout: float = 300.0
+) -> dict[str, tuple[str, ...]]:
+    """Which allocators of ``ALLOCATORS`` are mapped in a fresh process of each environment.
+
+    An ``LD_PRELOAD`` that names a missing file, or that the dynamic loader refuses, leaves glibc's
+    ``malloc`` in place without an error: this reads ``/proc/self/maps`` in the process to see.
+
+    Returns:
+        environment name -> the names of the allocators mapped there (empty: glibc's own).
+
+    Raises:
+        TypeError: a malformed ``environments``.
+        RuntimeError: a process failed.
+    """
+    names = tuple(ALLOCATORS)
+    seen = evaluate_in_environments(f"tuple(n for n in {names!r} if preloaded(n))", environments, timeout=timeout)
+    return {env: tuple(ast.literal_eval(value)) for env, value in seen.items()}
+
+
+@dataclasses.dataclass(frozen=True, repr=False)  # keep Comparison's table repr
+class EnvironmentComparison(Comparison):
+    """A ``Comparison`` of worker processes, whose caption gives each worker's thread count.
+
+    ``Comparison``'s caption names one thread count (the baseline's); here the workers may differ
+    (a thread sweep), and the caption says so.
+    """
+
+    thread_counts: tuple[int, ...] = ()  # each row's worker's intra-op threads, in row order
+
+    def _caption(self) -> str:
+        counts = sorted(set(self.thread_counts)) or [self.num_threads]
+        if len(counts) == 1:
+            threads = f"{counts[0]} thread{'s' if counts[0] != 1 else ''} per worker"
+        else:
+            threads = f"{'/'.join(map(str, counts))} threads per worker (one count per row)"
+        caption = super()._caption()
+        generic = f" on {self.device}, {self.num_threads} threads;"
+        return caption.replace(generic, f" in one worker process per row on {self.device}, {threads};", 1)
 
 
 def _check_environments(environments: object, baseline: str | None) -> dict[str, dict[str, str | None]]:
@@ -238,6 +312,7 @@ def compare_environments(
     label: str | None = None,
     order_seed: int = 0,
     timeout: float = 600.0,
+    progress: bool = False,
 ) -> Comparison:
     """Time ``stmt`` in one worker process per environment, interleaved round by round.
 
@@ -257,9 +332,11 @@ def compare_environments(
         warmup: untimed runs of ``stmt`` after setup.
         items / min_effect / label / order_seed: as in ``compare``.
         timeout: seconds a worker may take to exit.
+        progress: show a progress bar over the rounds (off by default, and under ``TRICKS_PROGRESS=0``).
 
     Returns:
-        A ``Comparison`` (one row per environment).
+        An ``EnvironmentComparison`` (a ``Comparison``: one row per environment; its caption gives the
+        workers' thread counts).
 
     Raises:
         TypeError / ValueError: malformed environments, an unknown baseline, too few rounds, bad sizes.
@@ -275,6 +352,8 @@ def compare_environments(
     check_positive(block_seconds, "block_seconds", allow_none=False)
     check_positive(threads, "threads", integer=True)
     check_positive(items, "items", integer=True)
+    if not isinstance(progress, bool):
+        raise TypeError(f"progress must be True or False, got {progress!r}")
     dev = pick_device(device) if device is not None else pick_device()
     spec = {
         "setup": textwrap.dedent(setup),
@@ -288,6 +367,7 @@ def compare_environments(
     times: dict[str, list[float]] = {name: [] for name in names}
     numbers: dict[str, int] | None = None
     per_replicate, worker_threads = [], {}
+    bar = _progress_bar(progress, rounds, f"comparing {len(names)} environments")
     for replicate in range(replicates):
         workers = _start(envs, spec, timeout)
         try:
@@ -300,10 +380,14 @@ def compare_environments(
                 rng.shuffle(order)
                 for name in order:
                     times[name].append(float(workers[name].ask(str(numbers[name]))) / numbers[name])
+                if bar is not None:
+                    bar.update(1)
             per_replicate.append(count)
         finally:
             for worker in workers.values():
                 worker.close()
+    if bar is not None:
+        bar.close()
     replicate_rounds = tuple(per_replicate) if replicates > 1 else ()
     measurements = {
         name: Measurement(
@@ -320,7 +404,7 @@ def compare_environments(
         paired_row(m, measurements[baseline], min_effect=min_effect, replicate_rounds=replicate_rounds)
         for m in measurements.values()
     ]
-    return Comparison(
+    return EnvironmentComparison(
         label=label or f"environments vs {baseline}",
         baseline=baseline,
         rows=tuple(rows),
@@ -329,4 +413,5 @@ def compare_environments(
         num_threads=worker_threads[baseline],
         min_effect=min_effect,
         replicate_rounds=replicate_rounds,
+        thread_counts=tuple(worker_threads[name] for name in names),
     )

@@ -95,7 +95,7 @@ class Measurement:
         return (
             f"Measurement({self.label!r}: median {format_seconds(self.median)}, "
             f"{spread}{rate}, {len(self.times)} blocks x {self.number_per_block}, "
-            f"{self.device}, {self.num_threads} threads{noise})"
+            f"{self.device}, {self.num_threads} thread{'' if self.num_threads == 1 else 's'}{noise})"
         )
 
     def _repr_html_(self) -> str:
@@ -290,7 +290,7 @@ class Comparison:
 
     def _caption(self) -> str:
         return (
-            f"{self.label}: {self.rounds} interleaved rounds on {self.device}, {self.num_threads} threads; "
+            f"{self.label}: {self.rounds} interleaved rounds on {self.device}, {self.num_threads} thread{'' if self.num_threads == 1 else 's'}; "
             f"'significant' = the {CONFIDENCE:.0%} paired interval of the speedup lies at least "
             f"{self.min_effect:.0%} away from 1x"
             + (

@@ -10,7 +10,7 @@ import html
 import math
 from collections.abc import Sequence
 
-__all__ = ["format_bytes", "format_seconds", "html_table", "markdown_table"]
+__all__ = ["format_bytes", "format_seconds", "html_table", "markdown_table", "speedup_text"]
 
 
 def format_seconds(seconds: float) -> str:
@@ -55,3 +55,12 @@ def html_table(header: Sequence[str], rows: Sequence[Sequence[str]], caption: st
     trs = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
     cap = f"<caption>{html.escape(caption)}</caption>" if caption else ""
     return f"<table>{cap}<tr>{th}</tr>{trs}</table>"
+
+
+def speedup_text(r: dict) -> str:
+    """'1.22x [1.17, 1.25]': a row's speedup with its paired interval when it has one; '-' without a speedup."""
+    if r.get("speedup") is None:
+        return "-"
+    low, high = r.get("speedup_low"), r.get("speedup_high")
+    interval = f" [{low:.2f}, {high:.2f}]" if low is not None and high is not None else ""
+    return f"{r['speedup']:.2f}x{interval}"

@@ -12,16 +12,14 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import torch
 
 from tricks_lib._validate import check_positive
 from tricks_lib.formatting import format_bytes, format_seconds, markdown_table
+from tricks_lib.ladder_config import LadderConfig, TrainingRun
 from tricks_lib.summary import SummaryRow
-
-if TYPE_CHECKING:
-    from tricks_lib.ladder import LadderConfig, TrainingRun
 
 __all__ = ["CompilePayback", "Ladder", "LadderReading", "Rung", "RungResult"]
 
@@ -50,7 +48,6 @@ class Rung:
         return cls("+ " + ", ".join(_change_name(k, v) for k, v in changes.items()), dict(changes), skip_reason, caveat)
 
     def __post_init__(self) -> None:
-        from tricks_lib.ladder import LadderConfig  # here, not at the top: ladder imports this module
 
         unknown = set(self.changes) - {f.name for f in dataclasses.fields(LadderConfig)}
         if unknown:

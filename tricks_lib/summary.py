@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
-from tricks_lib.formatting import format_bytes, format_seconds
+from tricks_lib.formatting import format_bytes, format_seconds, speedup_text
 
 if TYPE_CHECKING:
     from tricks_lib.env import EnvInfo
@@ -133,15 +133,6 @@ def summary_rows(records: Sequence[RecordLike], *, verdicts: bool = False) -> li
             full = {"notebook": rec.notebook, "trick": rec.trick, "kind": rec.kind, **row, **_paired(rec, row)}
             out.append({key: full.get(key) for key in SUMMARY_ROW_KEYS})
     return out
-
-
-def speedup_text(r: dict) -> str:
-    """'1.22x [1.17, 1.25]': a row's speedup with its paired interval when it has one; '-' without a speedup."""
-    if r.get("speedup") is None:
-        return "-"
-    low, high = r.get("speedup_low"), r.get("speedup_high")
-    interval = f" [{low:.2f}, {high:.2f}]" if low is not None and high is not None else ""
-    return f"{r['speedup']:.2f}x{interval}"
 
 
 def _measurement_line(r: dict) -> str:

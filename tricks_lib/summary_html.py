@@ -21,8 +21,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from tricks_lib.formatting import format_bytes, format_seconds
-from tricks_lib.summary import speedup_text
+from tricks_lib.formatting import format_bytes, format_seconds, speedup_text
 
 __all__ = [
     "SUMMARY_HTML_NAME",

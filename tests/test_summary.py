@@ -174,3 +174,26 @@ def test_an_earlier_record_without_the_interval_in_its_rows_gets_it_from_its_det
     (row,) = summary_rows([rec])
     assert tuple(row) == PINNED_KEYS
     assert (row["speedup_low"], row["speedup_high"], row["significant"], row["noisy"]) == (1.8, 2.2, True, None)
+
+
+def test_a_verdict_row_with_cells_before_its_verdict_keeps_them_in_the_summary(tmp_path, monkeypatch):
+    # 01's table is (trick, vs, warm, cold, not faster here, limits): its "measured" cell alone is "-"
+    # for a trick faster everywhere, which the summary printed as the whole verdict.
+    from tricks_lib.results import Record
+    from tricks_lib.summary import summary_rows
+    from tricks_lib.verdicts import VerdictTable
+
+    monkeypatch.setenv("TRICKS_RESULTS", str(tmp_path / "records.jsonl"))
+    monkeypatch.setenv("TRICKS_NOTEBOOK", "96_cells")
+    table = VerdictTable(("trick", "vs", "warm", "cold", "not faster here", "limits"))
+    table.add("tar shards", "-", "new shards", before=("folder", "4.91x faster", "5.27x faster"))
+    table.add("no cells", "1.10x faster", "-", before=("folder", "n/a", "n/a"))
+    (row, _) = summary_rows(load_records(tmp_path / "records.jsonl"), verdicts=True)
+    assert row["verdict"] == "vs: folder; warm: 4.91x faster; cold: 5.27x faster; not faster here: -"
+    # A record from before the titles were kept: the cells, joined without them.
+    old = Record("96_cells", "old", "verdict", rows=({"before": ["folder", "2x faster"], "measured": "-"},),
+                 device="-", machine="m", summary=({"variant": "verdict", "verdict": "-"},))  # fmt: skip
+    (old_row,) = summary_rows([old], verdicts=True)
+    assert old_row["verdict"] == "folder; 2x faster; -"
+    plain = VerdictTable(record_rows=False)
+    assert plain.add("x", "1.1x faster", "-").columns == ("measured here",)

@@ -312,6 +312,7 @@ class VerdictRow:
     device: str = "-"
     speedup: float | None = None  # against the comparison's baseline or ``against``, when read from one
     before: tuple[str, ...] = ()  # cells between the trick and the verdict (e.g. the memory it saved)
+    columns: tuple[str, ...] = ()  # the titles of ``before``'s cells and of ``measured``, as the table shows them
 
     def summary_rows(self) -> tuple[SummaryRow, ...]:
         return (SummaryRow(variant="verdict", device=self.device, speedup=self.speedup, verdict=self.measured),)
@@ -323,6 +324,7 @@ class VerdictRow:
             "measured": self.measured,
             "caveat": self.caveat,
             "device": self.device,
+            "columns": list(self.columns),
         }
 
 
@@ -405,7 +407,7 @@ class VerdictTable:
             raise TypeError(
                 f"result must be a Comparison, ComparisonRow, MemoryReport or a computed sentence, got {type(result).__name__}"
             )
-        row = VerdictRow(trick, measured + note, caveat, device, speedup, before)
+        row = VerdictRow(trick, measured + note, caveat, device, speedup, before, self.columns[1:-1])
         self.rows.append(row)
         if self.record_rows:
             record(trick, row)

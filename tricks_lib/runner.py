@@ -381,7 +381,7 @@ def _progress(weights: list[float] | None, cells: int, name: str, enabled: bool)
     from tqdm.auto import tqdm
 
     if weights and sum(weights) >= 1.0:  # under a second in all: counting cells reads as well
-        total = round(sum(weights), 1)
+        total = sum(weights)  # not rounded: a total below the sum of its updates warns "clamping frac"
         return tqdm(total=total, desc=name, unit="s", disable=not enabled, leave=True, bar_format=_TIMED_BAR)
     return tqdm(total=cells, desc=name, unit="cell", disable=not enabled, leave=True)
 

@@ -172,7 +172,7 @@ class EnvironmentComparison(Comparison):
         else:
             threads = f"{'/'.join(map(str, counts))} threads per worker (one count per row)"
         caption = super()._caption()
-        generic = f" on {self.device}, {self.num_threads} threads;"
+        generic = f" on {self.device}, {self.num_threads} thread{'s' if self.num_threads != 1 else ''};"
         return caption.replace(generic, f" in one worker process per row on {self.device}, {threads};", 1)
 
 

@@ -454,6 +454,24 @@ def test_a_stale_index_with_a_matching_identity_raises_instead_of_altering_sampl
         list(ds)
 
 
+def test_headers_are_checked_just_ahead_of_the_reader_not_a_whole_shard_at_once(tmp_path):
+    """Each block of header checks covers at most about 1 MiB: on a cold cache, gathering the headers
+    of a whole shard of large samples before reading any waited for most of the shard's reads. The
+    same forged index as above, with 300 KiB samples: the samples before the changed one are read."""
+    samples = [{"__key__": f"s{i:04d}", "bin": bytes([i]) * ((600 if i == 6 else 300) << 10)} for i in range(9)]
+    (path,) = write_tar_shards(samples, tmp_path, samples_per_shard=9)
+    old = load_shard_index(path)
+    rewrite_with_sizes_swapped(path, samples, 6, 7)  # sample 6's size changes; the last header stays
+    stat = path.stat()
+    identity = (stat.st_size, stat.st_mtime_ns, stat.st_dev, stat.st_ino, stat.st_ctime_ns)
+    write_index_file(dataclasses.replace(old, identity=identity))
+    read = []
+    with pytest.raises(ShardError, match="differs from the shard's index") as err:
+        read.extend(TarShardDataset([path]))
+    assert err.value.offset == old.offsets[6]  # sample 6, whose size changed
+    assert 3 <= len(read) <= 6 and read == samples[: len(read)]  # a block of 256 samples read none
+
+
 def test_an_index_file_that_disagrees_with_the_last_header_is_rebuilt(tmp_path):
     samples = make(5)
     (path,) = write_tar_shards(samples, tmp_path, samples_per_shard=5)

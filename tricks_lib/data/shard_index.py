@@ -14,6 +14,7 @@ one is rebuilt from the headers.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import mmap
 import os
@@ -385,6 +386,7 @@ def load_shard_index(path: str | os.PathLike, *, index_file: bool = True) -> Sha
 
 # Header fields are compared with the index for this many samples at a time, just before they are read.
 _CHECK_SAMPLES = 256
+_CHECK_BYTES = 1 << 20
 _FIELD_POSITIONS = np.arange(124 - BLOCK, 124 - BLOCK + _FIELDS_SIZE)  # relative to a member's data offset
 
 
@@ -409,11 +411,37 @@ def read_tar_samples(index: ShardIndex, start: int = 0, stop: int | None = None)
         if _identity(stat) != index.identity:
             raise ShardError(index.path, 0, "shard changed since it was indexed; index it again")
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            first = int(index.offsets[start]) // mmap.PAGESIZE * mmap.PAGESIZE
+            last = int(index.offsets[stop]) if stop < len(index) else index.end
             if hasattr(mapped, "madvise"):
-                first = index.offsets[start] // mmap.PAGESIZE * mmap.PAGESIZE
-                last = index.offsets[stop] if stop < len(index) else index.end
                 mapped.madvise(mmap.MADV_SEQUENTIAL, first, max(last - first, 1))
-            yield from _checked_samples(index, mapped, start, stop)
+            yield from _checked_samples(index, mapped, start, stop, _ReadAhead(mapped, first, last))
+
+
+class _ReadAhead:
+    """Keeps the kernel reading ``READ_AHEAD`` bytes past where the reader is (``MADV_WILLNEED``).
+
+    On a cold page cache, a mapping is read one page fault at a time: each fault waits for its read,
+    and readahead (even with ``MADV_SEQUENTIAL``) only starts the next reads once the reader gets
+    there. Asking for the next window in advance lets the disk work while the reader copies: with
+    it, 18 KiB samples went from 0.93x to 1.00x of ``f.read()``'s bandwidth and 200 KiB ones from
+    0.77x to 0.84x (benchmarks/tar_reader.py, load 2.4-2.9; the rest came from checking headers just
+    ahead of the reader). On a warm cache it costs one system call per window.
+    """
+
+    READ_AHEAD = 16 << 20
+
+    def __init__(self, mapped: mmap.mmap, first: int, last: int):
+        self.mapped, self.requested, self.last = mapped, first, last
+
+    def reach(self, position: int) -> None:
+        """Make sure everything up to ``position + READ_AHEAD`` (within the range) has been asked for."""
+        if not hasattr(self.mapped, "madvise"):
+            return
+        want = min(position + self.READ_AHEAD, self.last)
+        if want - self.requested >= self.READ_AHEAD // 2 or (want == self.last and want > self.requested):
+            self.mapped.madvise(mmap.MADV_WILLNEED, self.requested, want - self.requested)
+            self.requested = (want + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE
 
 
 def _first_changed_header(mapped: mmap.mmap, data_offsets: np.ndarray, fields: np.ndarray) -> int:
@@ -427,12 +455,21 @@ def _first_changed_header(mapped: mmap.mmap, data_offsets: np.ndarray, fields: n
     return int(differs[0]) if len(differs) else -1
 
 
-def _checked_samples(index: ShardIndex, mapped: mmap.mmap, start: int, stop: int) -> Iterator[dict]:
+def _checked_samples(
+    index: ShardIndex, mapped: mmap.mmap, start: int, stop: int, read_ahead: _ReadAhead
+) -> Iterator[dict]:
     keys, exts = index.keys, index.exts
-    for lo in range(start, stop, _CHECK_SAMPLES):
+    lo = start
+    while lo < stop:
+        # A block is at most _CHECK_SAMPLES samples and _CHECK_BYTES bytes (at least one sample): its
+        # headers are gathered before its data is read, and on a cold cache each header page far ahead
+        # of the reader is a read the reader waits for (with 50 samples of 200 KiB per block, that
+        # check alone waited for most of the shard, and the reader ran at 0.77x of f.read()).
         hi = min(lo + _CHECK_SAMPLES, stop)
+        hi = max(lo + 1, bisect.bisect_right(index.offsets, index.offsets[lo] + _CHECK_BYTES, lo, hi))
         m0, m1 = int(index.member_first[lo]), int(index.member_first[hi])
         data = index.data_offsets[m0:m1]
+        read_ahead.reach(int(data[0]) if len(data) else 0)
         changed = _first_changed_header(mapped, data, index.header_fields[m0:m1])
         if changed >= 0:
             raise ShardError(
@@ -450,3 +487,4 @@ def _checked_samples(index: ShardIndex, mapped: mmap.mmap, start: int, stop: int
             for m in range(bounds[k], bounds[k + 1]):
                 sample[names[m]] = mapped[begins[m] : ends[m]]
             yield sample
+        lo = hi

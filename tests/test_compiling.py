@@ -25,26 +25,31 @@ def test_fresh_cache_restores_the_setting(monkeypatch):
 
 
 @pytest.mark.slow
-def test_cold_and_warm_first_calls_run_in_fresh_processes(tmp_path):
-    # The setup appends its process id to a file: it must run in two child processes (cold, warm)
-    # and once in this one, and the children must not be this process.
-    log = tmp_path / "pids.txt"
+def test_cold_and_warm_first_calls_run_in_fresh_processes_with_the_config_and_grad_mode(tmp_path):
+    # The setup logs its process id, cache folder, Inductor flag and grad mode: it must run in two
+    # child processes (cold, warm) and once in this one, each with the config and grad mode asked
+    # for. (One compile_cost call for both properties: each call pays two fresh torch processes.)
+    log = tmp_path / "runs.txt"
     setup = f"""
         import os, torch
         with open({str(log)!r}, "a") as f:
-            f.write(f"{{os.getpid()}} {{os.environ.get('TORCHINDUCTOR_CACHE_DIR')}}\\n")
+            f.write(f"{{os.getpid()}} {{os.environ.get('TORCHINDUCTOR_CACHE_DIR')}} "
+                    f"{{torch._inductor.config.freezing}} {{torch.is_grad_enabled()}}\\n")
         def f(t):
             return torch.sigmoid(t) * t + 1.0
         x = torch.ones(1024, device=DEVICE)
         compiled_f = torch.compile(f)
     """
-    cost = compile_cost(setup, "compiled_f(x)", device="cpu")
+    cost = compile_cost(setup, "compiled_f(x)", device="cpu", inductor_config={"freezing": True}, no_grad=True)
     assert isinstance(cost, CompileCost)
     lines = [line.split() for line in log.read_text().splitlines()]
-    pids = [int(pid) for pid, _ in lines]
+    pids = [int(line[0]) for line in lines]
     assert len(pids) == 3 and pids[2] == os.getpid() and len({pids[0], pids[1], os.getpid()}) == 3
     assert lines[0][1] == lines[1][1]  # the warm child reuses the cold child's cache folder
-    torch.testing.assert_close(cost.compiled(), torch.sigmoid(torch.ones(1024)) + 1.0)
+    assert [line[2:] for line in lines] == [["True", "False"]] * 3  # cold child, warm child, this process
+    assert not torch._inductor.config.freezing and torch.is_grad_enabled()  # restored here
+    with torch.no_grad():
+        torch.testing.assert_close(cost.compiled(), torch.sigmoid(torch.ones(1024)) + 1.0)
     assert cost.namespace["x"].shape == (1024,)
     # From empty caches Inductor generates and builds C++; from a warm disk cache it loads it, but a
     # fresh process still traces the function again, so the warm call is not free.
@@ -158,20 +163,3 @@ def test_compile_cost_checks_its_new_options():
         compile_cost("x = 1", "x", no_grad=1)
     with pytest.raises(TypeError, match="progress"):
         compile_cost("x = 1", "x", progress="yes")
-
-
-@pytest.mark.slow
-def test_compile_cost_applies_inductor_config_and_grad_mode_in_every_process(tmp_path):
-    log = tmp_path / "flags.txt"
-    setup = f"""
-        import torch
-        with open({str(log)!r}, "a") as f:
-            f.write(f"{{torch._inductor.config.freezing}} {{torch.is_grad_enabled()}}\\n")
-        compiled = torch.compile(torch.sin)
-        x = torch.ones(8)
-    """
-    cost = compile_cost(setup, "compiled(x)", device="cpu", inductor_config={"freezing": True}, no_grad=True)
-    assert log.read_text().split() == ["True", "False"] * 3  # cold child, warm child, this process
-    assert not torch._inductor.config.freezing and torch.is_grad_enabled()  # restored here
-    with torch.no_grad():
-        torch.testing.assert_close(cost.compiled(), torch.sin(torch.ones(8)))

@@ -199,34 +199,56 @@ def test_tfrecord_truncation_and_missing_fields_are_errors(tmp_path):
         list(read_tfrecord(path, ["png"]))
 
 
+# One child process imports the reader once and forks a grandchild per damaged file: a SIGBUS kills
+# only that grandchild, which the child reports, so it fails this test instead of the test run.
 LMDB_READ_ALL = """
-import sys
+import json, os, sys
 from tricks_lib.data import ShardError
 from tricks_lib.data.containers import LmdbDataset
-try:
-    ds = LmdbDataset(sys.argv[1])
-    samples = [ds[i] for i in range(len(ds))]
-except ShardError as err:
-    print("ShardError:", err)
-    sys.exit(3)
-print("read", len(samples))
+outcomes = []
+for path in sys.argv[1:]:
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        try:
+            ds = LmdbDataset(path)
+            outcome = "read %d" % len([ds[i] for i in range(len(ds))])
+        except ShardError as err:
+            outcome = "ShardError: %s" % err
+        except BaseException as err:
+            outcome = "%s: %s" % (type(err).__name__, err)
+        os.write(write_end, outcome[:400].encode())
+        os._exit(0)
+    os.close(write_end)
+    _, status = os.waitpid(pid, 0)
+    outcome = os.read(read_end, 400).decode() or "killed by signal %d" % os.WTERMSIG(status)
+    os.close(read_end)
+    outcomes.append(outcome)
+print(json.dumps(outcomes))
 """
 
 
 @pytest.mark.slow
 def test_a_truncated_lmdb_is_an_error_never_wrong_bytes_or_sigbus(tmp_path):
+    import json
     import subprocess
     import sys
 
     path = write_lmdb(make(60), tmp_path / "data.lmdb")
     whole = path.read_bytes()
-    for cut in (len(whole) - 4096, len(whole) // 2, 3 * 4096, 5000, 100):
-        broken = tmp_path / f"cut-{cut}.lmdb"
-        broken.write_bytes(whole[:cut])
-        # In a child process: a SIGBUS must fail this test, not kill the test run.
-        done = subprocess.run([sys.executable, "-c", LMDB_READ_ALL, str(broken)], capture_output=True, text=True)
-        assert done.returncode == 3, (cut, done.returncode, done.stdout, done.stderr[-500:])
-        assert "truncated" in done.stdout or "not an LMDB" in done.stdout
+    cuts = (len(whole) - 4096, len(whole) // 2, 3 * 4096, 5000, 100)
+    broken = []
+    for cut in cuts:
+        broken.append(tmp_path / f"cut-{cut}.lmdb")
+        broken[-1].write_bytes(whole[:cut])
+    done = subprocess.run([sys.executable, "-c", LMDB_READ_ALL, *map(str, broken)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    outcomes = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(outcomes) == len(cuts)
+    for cut, outcome in zip(cuts, outcomes):
+        assert outcome.startswith("ShardError:"), (cut, outcome)
+        assert "truncated" in outcome or "not an LMDB" in outcome, (cut, outcome)
 
 
 def test_an_lmdb_not_written_here_gets_a_clear_message(tmp_path):

@@ -15,14 +15,14 @@ from torch.utils.benchmark import Timer
 
 from tricks_lib.bench import measure
 from tricks_lib.env import describe, pick_device
-from tricks_lib.timing import _make_timer, _run_block
+from tricks_lib.timed_blocks import make_timer, run_block
 
 
 def overhead():
     device = pick_device()
     per_call = measure(lambda: None, label="no-op", min_run_time=0.5).median
-    timer = _make_timer(lambda: None, device, "no-op")
-    per_block = statistics.median(_run_block(timer, 1) for _ in range(2000))
+    timer = make_timer(lambda: None, device, "no-op")
+    per_block = statistics.median(run_block(timer, 1) for _ in range(2000))
     return {"per_call_s": per_call, "per_block_s": per_block}
 
 

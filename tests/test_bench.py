@@ -42,17 +42,20 @@ def test_measure_items_per_second_and_repr():
 
 
 def test_measure_runs_warmup_before_timing(monkeypatch):
-    import tricks_lib.timing as bench
+    import tricks_lib.comparing
+    import tricks_lib.timed_blocks
+    import tricks_lib.timing
 
     calls = []
     calls_when_timing_starts = []
-    make_timer = bench._make_timer
+    make_timer = tricks_lib.timed_blocks.make_timer
 
     def spy(fn, device, label, clock=None):
         calls_when_timing_starts.append(len(calls))
         return make_timer(fn, device, label, clock)
 
-    monkeypatch.setattr(bench, "_make_timer", spy)
+    monkeypatch.setattr(tricks_lib.timing, "make_timer", spy)
+    monkeypatch.setattr(tricks_lib.comparing, "make_timer", spy)
     measure(lambda: calls.append(1), warmup=3, min_run_time=0.01, device="cpu")
     assert calls_when_timing_starts == [3]
     calls.clear()
@@ -118,7 +121,7 @@ def test_variant_order_is_shuffled_per_round_and_seeded():
 def test_a_position_effect_is_not_read_as_a_speedup(monkeypatch):
     # The first block of every round is 10% slower (a cold cache, a frequency step). With a fixed
     # order the variant that always runs first looks 1.10x slower than its identical twin.
-    import tricks_lib.timing as bench
+    import tricks_lib.comparing as bench
 
     blocks = []
 
@@ -127,7 +130,7 @@ def test_a_position_effect_is_not_read_as_a_speedup(monkeypatch):
         blocks.append(timer._task_spec.label)
         return number * 1e-3 * (1.10 if position == 0 else 1.0)
 
-    monkeypatch.setattr(bench, "_run_block", run_block)
+    monkeypatch.setattr(bench, "run_block", run_block)
     monkeypatch.setattr(bench, "_calibrate", lambda timer, target: 1)
     c = compare(
         {"A": lambda: None, "A again": lambda: None}, baseline="A", warmup=0, min_rounds=40, max_rounds=40, device="cpu"
@@ -213,14 +216,14 @@ def fake_clock(monkeypatch, seconds_per_call, noise=0.01, seed=0):
     Tests the statistics deterministically, whatever else the machine is doing."""
     import random
 
-    import tricks_lib.timing as bench
+    import tricks_lib.comparing as bench
 
     rng = random.Random(seed)
 
     def run_block(timer, number):
         return number * seconds_per_call[timer._task_spec.label] * (1 + rng.uniform(-noise, noise))
 
-    monkeypatch.setattr(bench, "_run_block", run_block)
+    monkeypatch.setattr(bench, "run_block", run_block)
 
 
 def test_small_consistent_difference_is_not_a_speedup(monkeypatch):
@@ -363,22 +366,22 @@ def test_measure_counts_gpu_time_not_launch_time():
 
 
 def test_progress_bars_can_be_switched_off_for_headless_runs(monkeypatch):
-    import tricks_lib.timing as timing
+    from tricks_lib.progress import optional_progress_bar
 
     monkeypatch.delenv("TRICKS_PROGRESS", raising=False)
-    bar = timing._progress_bar(True, 3, "x")
+    bar = optional_progress_bar(True, 3, "x")
     assert bar is not None
     bar.close()
     monkeypatch.setenv("TRICKS_PROGRESS", "0")
-    assert timing._progress_bar(True, 3, "x") is None
-    assert timing._progress_bar(False, 3, "x") is None
+    assert optional_progress_bar(True, 3, "x") is None
+    assert optional_progress_bar(False, 3, "x") is None
 
 
 def replicate_clock(monkeypatch, cost_by_replicate):
     """A fake clock whose per-call cost depends on the replicate: state that a builder draws afresh.
 
     Returns a builder for compare(); each call starts the next replicate."""
-    import tricks_lib.timing as bench
+    import tricks_lib.comparing as bench
 
     state = {"replicate": -1}
 
@@ -389,7 +392,7 @@ def replicate_clock(monkeypatch, cost_by_replicate):
         state["replicate"] += 1
         return {name: (lambda: None) for name in cost_by_replicate}
 
-    monkeypatch.setattr(bench, "_run_block", run_block)
+    monkeypatch.setattr(bench, "run_block", run_block)
     monkeypatch.setattr(bench, "_calibrate", lambda timer, target: 1)
     return build, state
 

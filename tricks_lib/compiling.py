@@ -33,8 +33,8 @@ import torch._inductor.config  # compile_cost and compile_frozen set Inductor's 
 
 from tricks_lib.bench import format_seconds, time_first_call
 from tricks_lib.env import pick_device
+from tricks_lib.progress import optional_progress_bar as _progress_bar
 from tricks_lib.summary import SummaryRow
-from tricks_lib.timing import _progress_bar
 
 __all__ = [
     "CompileCost",

@@ -31,8 +31,9 @@ from tricks_lib.env import pick_device
 from tricks_lib.ladder_config import LadderConfig, TargetTrace, TrainingRun
 from tricks_lib.ladder_results import Ladder, Rung, RungResult
 from tricks_lib.memory import measure_memory
+from tricks_lib.progress import optional_progress_bar
 from tricks_lib.tensor_images import HostAugmentedDataset, ImageData, augment_batch, cifar10_data, photo_data
-from tricks_lib.timing import _progress_bar, time_first_call
+from tricks_lib.timing import time_first_call
 
 __all__ = [
     "ImageData",
@@ -141,6 +142,45 @@ def train_to_target(
     if not isinstance(config, LadderConfig) or not isinstance(data, ImageData):
         raise TypeError("train_to_target(config, data) needs a LadderConfig and an ImageData")
     dev = pick_device(device) if device is not None else pick_device()
+    run, setup_seconds = _set_up_training(config, data, seed, dev)
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    trace = run_to_target(
+        lambda epoch: _train_epoch(run, epoch), lambda: _evaluate(run), epochs=config.epochs, target=config.target,
+        setup_seconds=setup_seconds, stop_at_target=stop_at_target, device=dev,
+    )  # fmt: skip
+    peak = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None
+    return _training_run(run, trace, seed=seed, setup_seconds=setup_seconds, peak_memory_bytes=peak)
+
+
+@dataclasses.dataclass
+class _Training:
+    """One training run in progress: what its steps share (model, tools, data on the device) and its counters."""
+
+    config: LadderConfig
+    device: torch.device
+    memory_format: torch.memory_format
+    model: torch.nn.Module
+    forward: Callable[[torch.Tensor], torch.Tensor]  # the model, or torch.compile(model)
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    scaler: torch.amp.GradScaler
+    loader: torch.utils.data.DataLoader | None  # None: batches come from the augmented images on the device
+    generator: torch.Generator  # on the device: augmentation and shuffling of on-device batches
+    on_device: dict[str, torch.Tensor]
+    steps_per_epoch: int
+    total_steps: int
+    steps_done: int = 0
+    first_step_seconds: float = 0.0
+    whiten_bias_frozen: bool = False
+    lookahead: dict[str, torch.Tensor] | None = None
+
+
+def _set_up_training(config: LadderConfig, data: ImageData, seed: int, dev: torch.device) -> tuple[_Training, float]:
+    """Build the model, its optimizer, schedule and batches from ``seed``; also the seconds of the timed setup.
+
+    The timed setup is the data's move to the device (and the whitening's initialization from it).
+    """
     memory_format = torch.channels_last if config.channels_last else torch.contiguous_format
     torch.manual_seed(seed)
     model = make_airbench94(
@@ -171,84 +211,105 @@ def train_to_target(
     )
     scaler = torch.amp.GradScaler(dev.type, enabled=config.autocast_dtype == torch.float16)
     forward = torch.compile(model) if config.compile else model
-    loader = None
-    if not config.on_device_data:
-        dataset = HostAugmentedDataset(
-            data.train_images, data.train_labels, data.mean, data.std, config.translate, seed
-        )
-        loader = torch.utils.data.DataLoader(
-            dataset, batch_size=config.batch_size, shuffle=True, drop_last=True,
-            generator=torch.Generator().manual_seed(seed), pin_memory=dev.type == "cuda",
-        )  # fmt: skip
-    lookahead: dict[str, torch.Tensor] | None = None
-    state = {"step": 0, "first_step": 0.0, "whiten_bias_frozen": False}
+    run = _Training(
+        config=config,
+        device=dev,
+        memory_format=memory_format,
+        model=model,
+        forward=forward,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        scaler=scaler,
+        loader=None if config.on_device_data else _host_loader(config, data, seed, dev),
+        generator=generator,
+        on_device=on_device,
+        steps_per_epoch=steps_per_epoch,
+        total_steps=total_steps,
+    )
+    return run, setup_seconds
 
-    def batches(epoch: int):
-        if loader is not None:
-            for x, y in loader:
-                yield x.to(dev, non_blocking=True).contiguous(memory_format=memory_format), y.to(dev, non_blocking=True)
-            return
-        images = augment_batch(on_device["train"], translate=config.translate, generator=generator)
-        images = images.contiguous(memory_format=memory_format)
-        order = torch.randperm(len(images), device=dev, generator=generator)
-        for i in range(steps_per_epoch):
-            idx = order[i * config.batch_size : (i + 1) * config.batch_size]
-            yield images[idx], on_device["train_labels"][idx]
 
-    def step(x: torch.Tensor, y: torch.Tensor) -> None:
-        with _autocast(config, dev):
-            loss = F.cross_entropy(forward(x), y, label_smoothing=config.label_smoothing)
-        optimizer.zero_grad(set_to_none=True)
-        scaler.scale(loss).backward()
-        if state["whiten_bias_frozen"]:  # no gradient: SGD skips the parameter (a requires_grad flip would recompile)
-            model.whiten.bias.grad = None
-        scaler.step(optimizer)
-        scaler.update()
-        scheduler.step()
-
-    def train_epoch(epoch: int) -> None:
-        nonlocal lookahead
-        model.train()
-        # airbench trains the whitening layer's bias for the first 3 of its 9.9 epochs, then freezes it
-        state["whiten_bias_frozen"] = config.whitening and epoch >= max(1, round(config.epochs * 0.3))
-        for x, y in batches(epoch):
-            if state["step"] == 0:
-                state["first_step"] = time_first_call(lambda x=x, y=y: step(x, y), device=dev)
-            else:
-                step(x, y)
-            state["step"] += 1
-            if config.lookahead and state["step"] >= 0.3 * total_steps and state["step"] % 5 == 0:
-                lookahead = _lookahead_update(model, lookahead, (0.95**5) * (state["step"] / total_steps) ** 3)
-        if lookahead is not None:
-            _lookahead_update(model, lookahead, 1.0)
-
-    def evaluate() -> float:
-        model.eval()
-        correct = torch.zeros((), dtype=torch.long, device=dev)
-        with torch.inference_mode(), _autocast(config, dev):
-            for x, y in zip(
-                on_device["test"].split(config.eval_batch_size), on_device["test_labels"].split(config.eval_batch_size)
-            ):
-                logits = model(x)
-                if config.flip_tta:
-                    logits = 0.5 * logits + 0.5 * model(x.flip(-1))
-                correct += (logits.argmax(1) == y).sum()
-        return correct.item() / len(on_device["test_labels"])
-
-    if dev.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(dev)
-    trace = run_to_target(
-        train_epoch, evaluate, epochs=config.epochs, target=config.target, setup_seconds=setup_seconds,
-        stop_at_target=stop_at_target, device=dev,
+def _host_loader(config: LadderConfig, data: ImageData, seed: int, dev: torch.device) -> torch.utils.data.DataLoader:
+    """Batches augmented on the host by a DataLoader, shuffled from ``seed``."""
+    dataset = HostAugmentedDataset(data.train_images, data.train_labels, data.mean, data.std, config.translate, seed)
+    return torch.utils.data.DataLoader(
+        dataset, batch_size=config.batch_size, shuffle=True, drop_last=True,
+        generator=torch.Generator().manual_seed(seed), pin_memory=dev.type == "cuda",
     )  # fmt: skip
-    peak = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None
-    steps = state["step"]
-    typical = (sum(trace.train_seconds) - state["first_step"]) / max(steps - 1, 1)
-    compile_seconds = max(state["first_step"] - typical, 0.0) if config.compile else None
+
+
+def _batches(run: _Training):
+    """One epoch's (images, labels) batches on the device, from the loader or from the images already there."""
+    config, dev = run.config, run.device
+    if run.loader is not None:
+        for x, y in run.loader:
+            yield x.to(dev, non_blocking=True).contiguous(memory_format=run.memory_format), y.to(dev, non_blocking=True)
+        return
+    images = augment_batch(run.on_device["train"], translate=config.translate, generator=run.generator)
+    images = images.contiguous(memory_format=run.memory_format)
+    order = torch.randperm(len(images), device=dev, generator=run.generator)
+    for i in range(run.steps_per_epoch):
+        idx = order[i * config.batch_size : (i + 1) * config.batch_size]
+        yield images[idx], run.on_device["train_labels"][idx]
+
+
+def _step(run: _Training, x: torch.Tensor, y: torch.Tensor) -> None:
+    """One optimizer step on the batch ``x`` (B, 3, H, W), ``y`` (B,): forward, loss, backward, update."""
+    with _autocast(run.config, run.device):
+        loss = F.cross_entropy(run.forward(x), y, label_smoothing=run.config.label_smoothing)
+    run.optimizer.zero_grad(set_to_none=True)
+    run.scaler.scale(loss).backward()
+    if run.whiten_bias_frozen:  # no gradient: SGD skips the parameter (a requires_grad flip would recompile)
+        run.model.whiten.bias.grad = None
+    run.scaler.step(run.optimizer)
+    run.scaler.update()
+    run.scheduler.step()
+
+
+def _train_epoch(run: _Training, epoch: int) -> None:
+    """One epoch of steps; the run's very first step is timed on its own (it holds the compile time)."""
+    config, total_steps = run.config, run.total_steps
+    run.model.train()
+    # airbench trains the whitening layer's bias for the first 3 of its 9.9 epochs, then freezes it
+    run.whiten_bias_frozen = config.whitening and epoch >= max(1, round(config.epochs * 0.3))
+    for x, y in _batches(run):
+        if run.steps_done == 0:
+            run.first_step_seconds = time_first_call(lambda x=x, y=y: _step(run, x, y), device=run.device)
+        else:
+            _step(run, x, y)
+        run.steps_done += 1
+        if config.lookahead and run.steps_done >= 0.3 * total_steps and run.steps_done % 5 == 0:
+            run.lookahead = _lookahead_update(run.model, run.lookahead, (0.95**5) * (run.steps_done / total_steps) ** 3)
+    if run.lookahead is not None:
+        _lookahead_update(run.model, run.lookahead, 1.0)
+
+
+def _evaluate(run: _Training) -> float:
+    """Test accuracy in [0, 1] (with flip test-time augmentation when the config asks for it)."""
+    config, model, test, labels = run.config, run.model, run.on_device["test"], run.on_device["test_labels"]
+    model.eval()
+    correct = torch.zeros((), dtype=torch.long, device=run.device)
+    with torch.inference_mode(), _autocast(config, run.device):
+        for x, y in zip(test.split(config.eval_batch_size), labels.split(config.eval_batch_size)):
+            logits = model(x)
+            if config.flip_tta:
+                logits = 0.5 * logits + 0.5 * model(x.flip(-1))
+            correct += (logits.argmax(1) == y).sum()
+    return correct.item() / len(labels)
+
+
+def _training_run(
+    run: _Training, trace: TargetTrace, *, seed: int, setup_seconds: float, peak_memory_bytes: int | None
+) -> TrainingRun:
+    """The run's result: throughput without the compile time, and what autograd saves for one step."""
+    config, steps = run.config, run.steps_done
+    typical = (sum(trace.train_seconds) - run.first_step_seconds) / max(steps - 1, 1)
+    compile_seconds = max(run.first_step_seconds - typical, 0.0) if config.compile else None
     train_time = sum(trace.train_seconds) - (compile_seconds or 0.0)
-    x, y = next(batches(0))  # one more step, only to count what autograd saves (exact on every device)
+    x, y = next(_batches(run))  # one more step, only to count what autograd saves (exact on every device)
     saved = measure_memory(
-        lambda: scaler.scale(F.cross_entropy(_eager_forward(model, x, config, dev), y)).backward(), device=dev
+        lambda: run.scaler.scale(F.cross_entropy(_eager_forward(run.model, x, config, run.device), y)).backward(),
+        device=run.device,
     )
     return TrainingRun(
         seed=seed,
@@ -256,7 +317,7 @@ def train_to_target(
         images_per_second=steps * config.batch_size / train_time,
         compile_seconds=compile_seconds,
         setup_seconds=setup_seconds,
-        peak_memory_bytes=peak,
+        peak_memory_bytes=peak_memory_bytes,
         saved_bytes=saved.saved_bytes,
     )
 
@@ -367,7 +428,7 @@ def run_ladder(
             n = min(2 * config.batch_size, len(data.train_labels))
             subset = dataclasses.replace(data, train_images=data.train_images[:n], train_labels=data.train_labels[:n])
             train_to_target(small, subset, seed=0, device=dev)
-    bar = _progress_bar(progress, len(seeds) * len(ran), "training the ladder")
+    bar = optional_progress_bar(progress, len(seeds) * len(ran), "training the ladder")
     runs: dict[str, list[TrainingRun]] = {rung.name: [] for rung, _ in ran}
     try:
         # Seed by seed, each seed climbing the whole ladder: a machine that slows down over time then

@@ -34,7 +34,7 @@ from tricks_lib._validate import check_flag, check_non_negative_int, check_posit
 from tricks_lib.env import pick_device
 from tricks_lib.formatting import format_seconds, html_table, markdown_table
 from tricks_lib.summary import SummaryRow
-from tricks_lib.timing import _synced_timer
+from tricks_lib.timed_blocks import synced_timer as _synced_timer
 from tricks_lib.trace import plot_trace
 
 __all__ = [

@@ -1,161 +1,38 @@
-"""Timing done right: warm-up, device sync, repeats, median and spread, interleaved A/B comparisons.
+"""Timing done right: warm-up, device sync, repeats, median and spread; interleaved A/B comparisons.
 
 Built on ``torch.utils.benchmark.Timer`` (it runs the timed loops and keeps torch's thread count
-fixed); this module adds the interleaving and the verdicts. Read top to bottom:
+fixed); the timed block itself (synced clock, warm-up) lives in ``tricks_lib.timed_blocks``. Read
+top to bottom:
 
 - ``measure(fn)`` times one callable, like ``Timer.blocked_autorange``, with at least 3 blocks.
 - ``time_first_call(fn)`` times one call on purpose: a first-call cost.
-- ``compare({"A": a, "B": b}, baseline="A")`` checks its arguments, runs rounds (one block of every
-  variant per round, in a shuffled order), and reads the rows: "1.8x faster" or "not significant".
+- ``compare({"A": a, "B": b}, baseline="A")`` (from ``tricks_lib.comparing``, importable from here)
+  runs rounds of every variant in a shuffled order and reads the rows: "1.8x faster" or "not
+  significant". ``progress_bar`` (from ``tricks_lib.progress``) is importable from here as well.
 """
 
 from __future__ import annotations
 
-import gc
-import logging
-import math
-import os
-import random
-import timeit
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import torch
 
 from tricks_lib._validate import check_callable, check_flag, check_non_negative_int, check_positive
-from tricks_lib.env import pick_device, quick_mode
-from tricks_lib.measurements import Comparison, ComparisonRow, Measurement, paired_row
-from tricks_lib.stats import (
-    CONFIDENCE,
-    DEFAULT_MIN_EFFECT,
-    MIN_BLOCKS_FOR_SPREAD,
-    MIN_ROUNDS_FOR_VERDICT,
-    paired_speedup,
-)
-
-if TYPE_CHECKING:
-    from tricks_lib.memory import MemoryReport
+from tricks_lib.comparing import DEFAULT_MIN_ROUNDS as DEFAULT_MIN_ROUNDS
+from tricks_lib.comparing import SLOW_CALL_BUDGET_FACTOR as SLOW_CALL_BUDGET_FACTOR
+from tricks_lib.comparing import TARGET_ROUNDS as TARGET_ROUNDS
+from tricks_lib.comparing import compare
+from tricks_lib.env import pick_device
+from tricks_lib.measurements import Measurement
+from tricks_lib.progress import PROGRESS_ENV_VAR as PROGRESS_ENV_VAR
+from tricks_lib.progress import optional_progress_bar, progress_bar
+from tricks_lib.stats import MIN_BLOCKS_FOR_SPREAD
+from tricks_lib.timed_blocks import Timer as Timer
+from tricks_lib.timed_blocks import default_min_run_time, make_timer, run_block, synced_timer, warm_up
 
 __all__ = ["compare", "measure", "progress_bar", "time_first_call"]
-
-
-def _import_timer():
-    # torch.utils.benchmark imports cpp_extension, which logs a CUDA_HOME warning on machines with a
-    # CUDA toolkit but no GPU. Silence that one import without leaving the logger changed.
-    logger = logging.getLogger("torch.utils.cpp_extension")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        from torch.utils.benchmark import Timer
-    finally:
-        logger.setLevel(level)
-    return Timer
-
-
-Timer = _import_timer()
-
-
-def _default_min_run_time() -> float:
-    # Quick mode only has to show that the code runs; full mode gives stable medians.
-    return 0.05 if quick_mode() else 0.5
-
-
-def _synced_timer(device: torch.device) -> Callable[[], float]:
-    """A clock that first waits for the device's queued work, so GPU kernels are fully counted."""
-    if device.type == "cuda":
-
-        def cuda_timer() -> float:
-            torch.cuda.synchronize(device)
-            return timeit.default_timer()
-
-        return cuda_timer
-    if device.type == "mps":
-
-        def mps_timer() -> float:
-            torch.mps.synchronize()
-            return timeit.default_timer()
-
-        return mps_timer
-    return timeit.default_timer
-
-
-def _make_timer(
-    fn: Callable[[], object], device: torch.device, label: str, clock: Callable[[], float] | None = None
-) -> Timer:
-    # num_threads: Timer defaults to 1 thread; keep the caller's setting so we time what they run.
-    return Timer(
-        stmt="fn()",
-        globals={"fn": fn},
-        timer=clock or _synced_timer(device),
-        num_threads=torch.get_num_threads(),
-        label=label,
-    )
-
-
-def _run_block(timer: Timer, number: int) -> float:
-    """Seconds for ``number`` back-to-back calls, without Timer.timeit's extra warm-up calls."""
-    from torch.utils.benchmark.utils import common
-
-    with common.set_torch_threads(timer._task_spec.num_threads):
-        return timer._timeit(number)
-
-
-def _warm_up(fn: Callable[[], object], device: torch.device, calls: int) -> None:
-    for _ in range(calls):
-        fn()
-    clock = _synced_timer(device)
-    clock()  # drain queued device work so it is not billed to the first timed block
-
-
-# Set to "0" by the main command and the test run: a headless run has no one to watch a bar, and
-# its text would end up in the stored notebook outputs.
-PROGRESS_ENV_VAR = "TRICKS_PROGRESS"
-
-# compare()'s default round budget. A variant whose calls are short fills its time budget in about
-# 2 * DEFAULT_MIN_ROUNDS rounds (each block is calibrated to budget / (2 * min_rounds)). A call that
-# outlasts a block (a 46 ms ResNet-18 step against a 17 ms block) used to stop at the floor of 15
-# rounds, where the 99% interval of a median spans ranks 3 to 13: wide enough that a 1.1x effect came
-# and went between runs. So by default such a variant keeps going up to TARGET_ROUNDS rounds, as long
-# as they fit in SLOW_CALL_BUDGET_FACTOR times the budget; slower calls stay at the floor.
-DEFAULT_MIN_ROUNDS = 15
-TARGET_ROUNDS = 30
-SLOW_CALL_BUDGET_FACTOR = 4
-
-
-def _tqdm_class():
-    try:
-        import ipywidgets  # noqa: F401  (tqdm.auto's widget needs it; without it, it warns and prints text)
-        from tqdm.auto import tqdm
-    except ImportError:
-        from tqdm.std import tqdm
-    return tqdm
-
-
-def _progress_bar(enabled: bool, total: int | None, desc: str):
-    """A progress bar (a widget in Jupyter where ipywidgets is installed, text otherwise), or None.
-
-    None when ``enabled`` is False or ``TRICKS_PROGRESS=0``.
-    """
-    if not enabled or os.environ.get(PROGRESS_ENV_VAR) == "0":
-        return None
-    return _tqdm_class()(total=total, desc=desc, leave=False)
-
-
-def progress_bar(iterable: Iterable | None = None, *, desc: str | None = None, total: int | None = None):
-    """``tqdm`` over ``iterable`` for a notebook's long loops: a widget where ipywidgets is installed,
-    text otherwise (never tqdm.auto's "IProgress not found" warning), and off (a plain pass-through
-    bar that draws nothing) under ``TRICKS_PROGRESS=0``, which the main command sets so that stored
-    outputs hold no bars.
-
-    Raises:
-        TypeError: ``desc`` is not a string or ``total`` is not a whole number.
-    """
-    if desc is not None and not isinstance(desc, str):
-        raise TypeError(f"desc must be a string, got {type(desc).__name__}")
-    check_positive(total, "total", integer=True)
-    off = os.environ.get(PROGRESS_ENV_VAR) == "0"
-    return _tqdm_class()(iterable, desc=desc, total=total, leave=False, disable=off)
+# Imported "as" themselves: the round budget, PROGRESS_ENV_VAR and Timer are re-exported, so that all
+# that was importable from here before compare and the progress bars moved out still is.
 
 
 def measure(
@@ -202,18 +79,18 @@ def measure(
         check_callable(clock, "clock")
     dev = pick_device(device) if device is not None else pick_device()
     name = label if label is not None else getattr(fn, "__name__", "fn")
-    bar = _progress_bar(progress, None, f"measuring {name}")
+    bar = optional_progress_bar(progress, None, f"measuring {name}")
     try:
-        _warm_up(fn, dev, warmup)
-        timer = _make_timer(fn, dev, name, clock)
+        warm_up(fn, dev, warmup)
+        timer = make_timer(fn, dev, name, clock)
         callback = (lambda number, elapsed: bar.update(1)) if bar is not None else None
-        result = timer.blocked_autorange(callback=callback, min_run_time=min_run_time or _default_min_run_time())
+        result = timer.blocked_autorange(callback=callback, min_run_time=min_run_time or default_min_run_time())
         number = int(result.number_per_run)
         times = [float(t) for t in result.times]
         # blocked_autorange stops after one block when a call outlasts min_run_time; its IQR would be 0
         # and the measurement would look perfectly quiet. Take the blocks a spread estimate needs.
         while len(times) < min_blocks:
-            times.append(_run_block(timer, number) / number)
+            times.append(run_block(timer, number) / number)
             if bar is not None:
                 bar.update(1)
     finally:
@@ -239,387 +116,7 @@ def time_first_call(fn: Callable[[], object], *, device: str | torch.device | No
         TypeError: ``fn`` is not callable.
     """
     check_callable(fn, "fn")
-    clock = _synced_timer(pick_device(device) if device is not None else pick_device())
+    clock = synced_timer(pick_device(device) if device is not None else pick_device())
     start = clock()
     fn()
     return clock() - start
-
-
-def _calibrate(timer: Timer, target_block: float) -> int:
-    """Calls per block so that one block takes about ``target_block`` seconds (at least one call)."""
-    number = 1
-    while True:
-        elapsed = _run_block(timer, number)
-        if elapsed >= target_block or number >= 1 << 30:
-            return number
-        # Grow towards the target, at most 10x per step, so a mis-estimate stays cheap.
-        grow = target_block / max(elapsed, 1e-9)
-        number = max(number + 1, int(number * min(grow * 1.1, 10.0)))
-
-
-@dataclass(frozen=True)
-class _CompareSpec:
-    """compare()'s arguments, checked and resolved."""
-
-    variants: dict[str, Callable[[], object]]
-    baseline: str
-    items: dict[str, int | None]
-    per_item: bool
-    run_time: float
-    min_rounds: int
-    target_rounds: int
-    max_rounds: int
-    device: torch.device
-    warmup: int
-    number: int | None
-    min_effect: float
-    more_work: dict[str, str]
-    order_seed: int
-    replicates: int
-    build: Callable[[], Mapping[str, Callable[[], object]]] | None
-
-
-def _check_variants(variants: object, expected: list[str] | None = None) -> dict[str, Callable[[], object]]:
-    """A dict of name -> callable; with ``expected``, a rebuilt one must name the same variants."""
-    if not isinstance(variants, Mapping):
-        raise TypeError(
-            f"variants must be a dict of name -> callable (or a function that builds one), got {type(variants).__name__}"
-        )
-    if not variants:
-        raise ValueError("variants is empty: pass at least the baseline, e.g. {'baseline': fn}")
-    for name, fn in variants.items():
-        if not isinstance(name, str):
-            raise TypeError(f"variant names must be strings, got {name!r}")
-        check_callable(fn, f"variant {name!r}")
-    if expected is not None and list(variants) != expected:
-        raise ValueError(
-            f"the variants builder returned {list(variants)} after {expected}: it must build the same variants"
-        )
-    return dict(variants)
-
-
-def _check_compare_args(
-    variants,
-    baseline,
-    items,
-    min_run_time,
-    min_rounds,
-    max_rounds,
-    device,
-    warmup,
-    number,
-    min_effect,
-    more_work,
-    order_seed,
-    replicates,
-) -> _CompareSpec:
-    check_positive(replicates, "replicates", allow_none=False, integer=True)
-    build = None
-    if callable(variants) and not isinstance(variants, Mapping):
-        build = variants
-        variants = build()
-    elif replicates > 1:
-        raise TypeError(
-            "replicates > 1 needs variants as a function that builds the dict (e.g. lambda: {...}), so that "
-            "each replicate runs on fresh models, tensors and loaders"
-        )
-    variants = _check_variants(variants)
-    if baseline not in variants:
-        raise ValueError(f"baseline {baseline!r} is not one of the variants {list(variants)}")
-    if isinstance(items, Mapping):
-        unknown = set(items) - set(variants)
-        if unknown:
-            raise ValueError(f"items names unknown variants {sorted(unknown)}")
-        for name, count in items.items():
-            check_positive(count, f"items[{name!r}]", allow_none=False, integer=True)
-    else:
-        check_positive(items, "items", integer=True)
-    check_positive(min_run_time, "min_run_time")
-    check_positive(min_rounds, "min_rounds", integer=True)
-    # An explicit min_rounds is the caller's budget: no adaptive extension on top of it.
-    target_rounds = TARGET_ROUNDS if min_rounds is None else min_rounds
-    min_rounds = DEFAULT_MIN_ROUNDS if min_rounds is None else min_rounds
-    if min_rounds < MIN_ROUNDS_FOR_VERDICT:
-        raise ValueError(
-            f"min_rounds must be at least {MIN_ROUNDS_FOR_VERDICT}: fewer rounds cannot give a "
-            f"{CONFIDENCE:.0%} interval, so no difference could ever be called significant"
-        )
-    check_positive(max_rounds, "max_rounds", allow_none=False, integer=True)
-    if max_rounds < min_rounds:
-        raise ValueError(f"max_rounds ({max_rounds}) must be at least min_rounds ({min_rounds})")
-    check_non_negative_int(warmup, "warmup")
-    check_positive(number, "number", integer=True)
-    if isinstance(min_effect, bool) or not isinstance(min_effect, (int, float)) or not 0 <= min_effect < 1:
-        raise ValueError(f"min_effect must be a fraction in [0, 1), got {min_effect!r}")
-    if more_work is None:
-        more_work = {}
-    if not isinstance(more_work, Mapping):
-        raise TypeError(
-            f"more_work must be a dict of heavier variant -> lighter variant, got {type(more_work).__name__}"
-        )
-    for heavy, light in more_work.items():
-        if heavy not in variants or light not in variants:
-            raise ValueError(f"more_work names {heavy!r} -> {light!r}, but the variants are {list(variants)}")
-        if heavy == light:
-            raise ValueError(f"more_work pairs {heavy!r} with itself: name the lighter variant it does more than")
-    check_non_negative_int(order_seed, "order_seed")
-    if replicates > min_rounds:
-        raise ValueError(
-            f"replicates ({replicates}) cannot exceed min_rounds ({min_rounds}): each replicate needs a round"
-        )
-    per_item = isinstance(items, Mapping) and all(name in items for name in variants)
-    counts = {name: (items.get(name) if isinstance(items, Mapping) else items) for name in variants}
-    return _CompareSpec(
-        variants=dict(variants),
-        baseline=baseline,
-        items=counts,
-        per_item=per_item,
-        run_time=min_run_time or _default_min_run_time(),
-        min_rounds=min_rounds,
-        target_rounds=min(max(target_rounds, min_rounds), max_rounds),
-        max_rounds=max_rounds,
-        device=pick_device(device) if device is not None else pick_device(),
-        warmup=warmup,
-        number=number,
-        min_effect=float(min_effect),
-        more_work=dict(more_work),
-        order_seed=order_seed,
-        replicates=replicates,
-        build=build,
-    )
-
-
-def _run_rounds(
-    spec: _CompareSpec, progress: bool
-) -> tuple[dict[str, int], dict[str, list[float]], tuple[int, ...], dict[str, Callable[[], object]]]:
-    """Warm up, calibrate, then time one block of every variant per round, in a shuffled order.
-
-    With replicates, the rounds are split into that many stretches, each on variants built afresh
-    (the first replicate calibrates the calls per block for all). Returns calls per block, per-call
-    block times by variant (in round order, so they pair up), the rounds of each replicate, and the
-    variants of the last replicate.
-    """
-    names = list(spec.variants)
-    # A fixed order (A B C A B C ...) turns any steady position effect (a cache warmed by the variant
-    # before, a frequency step at the start of a round) into a fake speedup; a seeded shuffle per
-    # round spreads it over all variants and keeps the run repeatable.
-    order_rng = random.Random(spec.order_seed)
-    block_times: dict[str, list[float]] = {name: [] for name in names}
-    min_rounds = math.ceil(spec.min_rounds / spec.replicates)
-    max_rounds = max(min_rounds, spec.max_rounds // spec.replicates)
-    target_rounds = min(max_rounds, max(min_rounds, math.ceil(spec.target_rounds / spec.replicates)))
-    run_time = spec.run_time / spec.replicates
-    slow_call_cap = SLOW_CALL_BUDGET_FACTOR * run_time * len(names)
-    variants, numbers, per_replicate = spec.variants, None, []
-    bar = _progress_bar(progress, min_rounds * spec.replicates, f"comparing {len(names)} variants")
-    try:
-        for replicate in range(spec.replicates):
-            if replicate > 0:
-                variants = None
-                gc.collect()  # free the last replicate's state before building the next
-                variants = _check_variants(spec.build(), names)
-            for name in names:
-                _warm_up(variants[name], spec.device, spec.warmup)
-            timers = {name: _make_timer(variants[name], spec.device, name) for name in names}
-            if numbers is None:
-                target_block = spec.run_time / (2 * spec.min_rounds)
-                numbers = {name: spec.number or _calibrate(timers[name], target_block) for name in names}
-            spent, rounds = 0.0, 0
-            while rounds < max_rounds and (
-                rounds < min_rounds
-                or spent < run_time * len(names)
-                or (rounds < target_rounds and spent * target_rounds / rounds <= slow_call_cap)
-            ):
-                order = names[:]
-                order_rng.shuffle(order)
-                for name in order:
-                    elapsed = _run_block(timers[name], numbers[name])
-                    block_times[name].append(elapsed / numbers[name])
-                    spent += elapsed
-                rounds += 1
-                if bar is not None:
-                    bar.total = max(bar.total, sum(per_replicate) + rounds)
-                    bar.update(1)
-            per_replicate.append(rounds)
-    finally:
-        if bar is not None:
-            bar.close()
-    return numbers, block_times, tuple(per_replicate), variants
-
-
-def _read_rows(
-    spec: _CompareSpec,
-    measurements: dict[str, Measurement],
-    reports: dict[str, MemoryReport],
-    replicate_rounds: tuple[int, ...],
-) -> tuple[ComparisonRow, ...]:
-    """Each variant against the baseline, and each declared heavier variant against its lighter one."""
-    scale = {name: (spec.items[name] if spec.per_item else 1) for name in spec.variants}
-    base = spec.baseline
-
-    def paired(name: str, reference: str) -> tuple[float, float, float, bool]:
-        return paired_speedup(
-            measurements[reference].times, measurements[name].times, scale[reference], scale[name], spec.min_effect
-        )
-
-    rows = []
-    for name, m in measurements.items():
-        suspect = None
-        lighter = spec.more_work.get(name)
-        if lighter is not None:
-            ratio, _, _, heavier_is_different = paired(name, lighter)
-            if heavier_is_different and ratio > 1:
-                suspect = (
-                    f"does more work than {lighter!r} yet measured {ratio:.2f}x faster than it: a side "
-                    "effect (run order, caches, memory allocation), not a speedup from the extra work"
-                )
-        rows.append(
-            paired_row(
-                m,
-                measurements[base],
-                min_effect=spec.min_effect,
-                scale=scale[name],
-                base_scale=scale[base],
-                replicate_rounds=replicate_rounds if spec.replicates > 1 else (),
-                memory=reports.get(name),
-                suspect=suspect,
-            )
-        )
-    return tuple(rows)
-
-
-def _check_results(variants: Mapping[str, Callable[[], object]], baseline: str, check: Callable) -> None:
-    """Call every variant once (untimed) and check its result against the baseline's."""
-    expected = variants[baseline]()
-    for name, fn in variants.items():
-        if name == baseline:
-            continue
-        try:
-            check(expected, fn())
-        except Exception as err:
-            raise ValueError(
-                f"variant {name!r} does not return what {baseline!r} returns, so timing them would compare "
-                f"different work: {type(err).__name__}: {err}"
-            ) from err
-
-
-def compare(
-    variants: Mapping[str, Callable[[], object]] | Callable[[], Mapping[str, Callable[[], object]]],
-    *,
-    baseline: str,
-    items: int | Mapping[str, int] | None = None,
-    min_run_time: float | None = None,
-    min_rounds: int | None = None,
-    max_rounds: int = 1000,
-    device: str | torch.device | None = None,
-    warmup: int = 1,
-    number: int | None = None,
-    min_effect: float = DEFAULT_MIN_EFFECT,
-    memory: bool = False,
-    label: str | None = None,
-    more_work: Mapping[str, str] | None = None,
-    order_seed: int = 0,
-    progress: bool = False,
-    replicates: int = 1,
-    check: Callable[[object, object], object] | None = None,
-) -> Comparison:
-    """Time variants interleaved round by round and read each against ``baseline``.
-
-    Each round runs one block of every variant, in an order shuffled per round (seeded), so slow
-    drift of a shared machine (other jobs, thermal limits) hits all variants alike and no variant
-    always runs first. A variant is "significant" when the whole 99% distribution-free interval of
-    its paired per-round speedup lies at least ``min_effect`` away from 1x (and the ratio of medians
-    agrees); otherwise it is "not significant", never a speedup.
-
-    Args:
-        variants: name -> zero-argument callable; each must do the same work (check that first). Or a
-            zero-argument function that builds that dict, called once per replicate.
-        baseline: the name of the reference variant.
-        items: things processed per call, one count for all or a dict name -> count. With a count
-            for every variant, speedups compare time per item (throughput), not time per call.
-        min_run_time: seconds of timed calls per variant at least (default 0.05 quick, 0.5 full).
-        min_rounds / max_rounds: bounds on the number of rounds (at least 8: fewer cannot give a
-            99% interval). The default, None, adapts: at least 15 rounds, and a variant whose calls
-            outlast a block keeps going up to 30 rounds while those fit in 4x ``min_run_time`` per
-            variant, so a 46 ms call gets the rounds a stable verdict needs; an explicit value is used
-            as given.
-        device: whose queue is synchronized around each block (default ``pick_device()``).
-        warmup: untimed calls of each variant before timing.
-        number: calls per block for every variant; default: calibrated per variant so a block
-            takes about ``min_run_time / (2 * min_rounds)``.
-        min_effect: smallest relative difference ever called significant (0.03 = 3%).
-        memory: also run ``measure_memory`` once per variant (outside the timing) for the table.
-        label: a title for the table.
-        more_work: heavier variant -> lighter variant, for pairs where the first does strictly more
-            work than the second (the same decode plus a colour conversion). A heavier variant that
-            comes out significantly faster than its lighter one gets ``row.suspect`` set, and its
-            verdict says so: such a result is an artifact, not a speedup.
-        order_seed: seeds the per-round shuffle of the variant order.
-        progress: show a progress bar over the rounds (tqdm.auto); off by default.
-        replicates: split the rounds (``min_rounds``, ``max_rounds`` and the time budget) into this
-            many stretches, each on variants that ``variants()`` builds afresh. The paired interval
-            only sees noise between rounds; where a result depends on state built once per run (where
-            tensors landed in memory, worker start-up, page cache), a rerun gets another draw of it.
-            With replicates, a variant is significant only when every replicate also shows at least
-            ``min_effect`` in the same direction (``row.replicate_speedups``). This rules out state a
-            rebuild redraws, not state a process draws once (worker start-up, CPU placement): on 2
-            shared cores, worker-count verdicts still changed between full runs.
-        check: before anything is timed, ``check(baseline_result, variant_result)`` for every other
-            variant, e.g. ``torch.testing.assert_close``; it raises when they differ (one untimed
-            call each, on the first build). Lossy variants need a check with their tolerance.
-
-    Raises:
-        TypeError / ValueError: empty or non-dict ``variants``, a non-callable variant, an unknown
-            ``baseline`` or ``more_work`` name, non-positive sizes or durations, ``replicates`` > 1
-            with a dict instead of a builder, a builder that returns other variants the next time.
-        ValueError: ``check`` raised for a variant (the message names it and keeps the check's own).
-    """
-    spec = _check_compare_args(
-        variants,
-        baseline,
-        items,
-        min_run_time,
-        min_rounds,
-        max_rounds,
-        device,
-        warmup,
-        number,
-        min_effect,
-        more_work,
-        order_seed,
-        replicates,
-    )
-    check_flag(memory, "memory")
-    check_flag(progress, "progress")
-    if check is not None:
-        check_callable(check, "check")
-        _check_results(spec.variants, spec.baseline, check)
-    numbers, block_times, replicate_rounds, variants = _run_rounds(spec, progress)
-    reports = {}
-    if memory:
-        from tricks_lib.memory import measure_memory
-
-        reports = {name: measure_memory(fn, label=name, device=spec.device) for name, fn in variants.items()}
-    threads = torch.get_num_threads()
-    measurements = {
-        name: Measurement(
-            label=name,
-            times=tuple(block_times[name]),
-            number_per_block=numbers[name],
-            device=str(spec.device),
-            num_threads=threads,
-            items=spec.items[name],
-        )
-        for name in spec.variants
-    }
-    return Comparison(
-        label=label or f"vs {baseline}",
-        baseline=baseline,
-        rows=_read_rows(spec, measurements, reports, replicate_rounds if spec.replicates > 1 else ()),
-        rounds=sum(replicate_rounds),
-        device=str(spec.device),
-        num_threads=threads,
-        min_effect=spec.min_effect,
-        per_item=spec.per_item,
-        replicate_rounds=replicate_rounds if spec.replicates > 1 else (),
-    )

@@ -14,6 +14,7 @@ from tricks_lib.training import autocast_dtype
 from tricks_lib.verdicts import (
     VerdictTable,
     break_even,
+    break_even_note,
     by_outcome,
     direction,
     fastest,
@@ -21,6 +22,7 @@ from tricks_lib.verdicts import (
     memory_change,
     overall,
     paired_ratio,
+    separate_runs_ratio,
     trade_off,
     verdict_of,
 )
@@ -65,6 +67,39 @@ def test_break_even_only_when_the_compiled_call_is_faster():
     assert break_even(cost, slower, "compiled", "eager") is None
     same = comparison({"eager": 1e-3, "compiled": 1e-3}, "eager")
     assert break_even(cost, same, "compiled", "eager") is None
+
+
+def test_break_even_note_reads_break_even_in_words():
+    assert break_even_note({"cold": 3334, "warm": 334}) == "pays off after 3,334 calls cold, 334 warm"
+    assert break_even_note({"cold": 594, "warm": 45}, unit="steps") == "pays off after 594 steps cold, 45 warm"
+    assert break_even_note(None) == "never pays off here"
+    with pytest.raises(ValueError, match="'warm'"):
+        break_even_note({"cold": 3})
+    with pytest.raises(TypeError, match="whole number"):
+        break_even_note({"cold": 3.5, "warm": 1})
+    with pytest.raises(TypeError, match="whole number"):
+        break_even_note({"cold": True, "warm": 1})
+    with pytest.raises(ValueError, match="positive"):
+        break_even_note({"cold": 0, "warm": 1})
+    with pytest.raises(TypeError, match="dict or None"):
+        break_even_note(3334)
+    with pytest.raises(ValueError, match="what is counted"):
+        break_even_note(None, unit=" ")
+    with pytest.raises(TypeError, match="unit"):
+        break_even_note(None, unit=None)
+
+
+def test_separate_runs_ratio_says_it_was_not_tested():
+    one = Measurement("one process", (2e-3, 2e-3, 2e-3), 1, "cpu", 2, items=64)
+    two = Measurement("two ranks", (2.5e-3, 2.5e-3, 2.5e-3), 1, "cpu", 1, items=128)
+    # 128 items in 2.5 ms against 64 in 2 ms: 1.6x the throughput.
+    assert separate_runs_ratio(two, one) == "1.60x the items/s of one process (separate runs, not tested)"
+    plain = Measurement("plain", (4e-3,), 1, "cpu", 2)
+    assert separate_runs_ratio(two, plain) == "1.60x the calls/s of plain (separate runs, not tested)"
+    with pytest.raises(TypeError, match="Measurement"):
+        separate_runs_ratio(two, 1.0)
+    with pytest.raises(ValueError, match="median of zero"):
+        separate_runs_ratio(two, Measurement("zero", (0.0,), 1, "cpu", 2))
 
 
 def test_memory_change_in_words():
@@ -120,6 +155,29 @@ def test_verdict_table_bad_input():
     with pytest.raises(ValueError, match="column"):
         table.add("x", "fact", "-", before=("extra",))
     assert table.rows == []
+
+
+def test_verdict_table_reads_mappings_and_replicates():
+    table = VerdictTable(record_rows=False)
+    row = table.add("from_numpy", {"copy avoided": "16.0 MiB", "GB/s": 5.2}, "arrays modified afterwards")
+    assert row.measured == "copy avoided: 16.0 MiB; GB/s: 5.2"
+    c = comparison({"a": 2e-3, "b": 1e-3}, "a")
+    replicated = dataclasses.replace(
+        c, rows=(c["a"], dataclasses.replace(c["b"], replicate_speedups=(1.98, 2.0, 2.02)))
+    )
+    row = table.add("b, replicates", replicated, "-", variant="b", replicates=True, note="; more")
+    assert row.measured == "2.00x faster (each replicate: 1.98x, 2.00x, 2.02x); more"
+    with pytest.raises(ValueError, match="replicates=n"):
+        table.add("b", c, "-", variant="b", replicates=True)
+    with pytest.raises(ValueError, match="replicates=n"):
+        table.add("fact", "a sentence", "-", replicates=True)
+    with pytest.raises(TypeError, match="True or False"):
+        table.add("b", replicated, "-", variant="b", replicates=1)
+    with pytest.raises(ValueError, match="empty"):
+        table.add("x", {}, "-")
+    with pytest.raises(TypeError, match="label must be a string"):
+        table.add("x", {1023: "slower"}, "-")
+    assert [r.trick for r in table.rows] == ["from_numpy", "b, replicates"]
 
 
 def test_extra_columns_before_the_verdict():

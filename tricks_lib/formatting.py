@@ -10,7 +10,7 @@ import html
 import math
 from collections.abc import Sequence
 
-__all__ = ["format_bytes", "format_seconds", "html_table", "markdown_table", "speedup_text"]
+__all__ = ["format_bytes", "format_seconds", "html_table", "markdown_cell", "markdown_table", "speedup_text"]
 
 
 def format_seconds(seconds: float) -> str:
@@ -41,10 +41,15 @@ def format_bytes(n: int | float | None) -> str:
     raise AssertionError("unreachable")
 
 
+def markdown_cell(text: object) -> str:
+    """``text`` as one Markdown table cell: pipes escaped, line breaks turned into spaces."""
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]], caption: str | None = None) -> str:
     """A Markdown table (pipes in cells escaped), with an optional caption line above it."""
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in row) + " |" for row in rows]
+    lines += ["| " + " | ".join(markdown_cell(c) for c in row) + " |" for row in rows]
     table = "\n".join(lines)
     return f"{caption}\n\n{table}" if caption else table
 

@@ -79,7 +79,8 @@ def locate_notebooks(explicit: Path | None = None) -> NotebookSource:
     )
 
 
-def _is_shipped(folder: Path) -> bool:
+def is_shipped(folder: Path) -> bool:
+    """Whether ``folder`` is the notebooks folder installed with the package (never refreshed in place)."""
     return Path(folder).resolve() == shipped_notebook_dir()
 
 

@@ -33,9 +33,9 @@ from tricks_lib._atomic import write_bytes_atomic
 from tricks_lib.env import QUICK_ENV_VAR, describe
 from tricks_lib.notebook_source import (  # noqa: F401  (re-exported: these lived here)
     NotebookSource,
-    _is_shipped,
     find_notebooks,
     hygiene_problems,
+    is_shipped,
     last_run_seconds,
     local_path_pattern,
     locate_notebooks,
@@ -264,7 +264,7 @@ def run_notebooks(
         ValueError: ``refresh`` for the installed package's shipped notebooks (refresh a checkout).
     """
     out_dir = Path(out_dir)
-    if refresh and any(_is_shipped(p.parent) for p in paths):
+    if refresh and any(is_shipped(p.parent) for p in paths):
         raise ValueError(
             "--refresh stores outputs back into a checkout's notebooks/, not into the installed package's "
             f"copies ({shipped_notebook_dir()}); run it in a clone of the repository"
@@ -317,7 +317,7 @@ def run_notebooks(
                 runs.append(NotebookRun(path.stem, False, 0.0, None, f"cannot be read: {_last_line(str(err))}"))
                 continue
             n_code = sum(c.cell_type == "code" for c in nb.cells)
-            shipped = _is_shipped(path.parent)
+            shipped = is_shipped(path.parent)
             ledger_dir = out_dir if shipped else path.parent  # never write into an installed package
             kernel_dir = executed_dir if shipped else path.parent
             # The bar advances by each cell's last recorded time, so that its estimate means something

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
-from tricks_lib.formatting import format_bytes, format_seconds, speedup_text
+from tricks_lib.formatting import format_bytes, format_seconds, markdown_cell, speedup_text
 
 if TYPE_CHECKING:
     from tricks_lib.env import EnvInfo
@@ -97,10 +97,6 @@ class NotebookStatus:
     carried_over: bool = False  # kept from an earlier run of the same folder, not run this time
 
 
-def _md_cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
 def _time(seconds: float | None) -> str:
     return "-" if seconds is None else format_seconds(seconds)
 
@@ -165,8 +161,8 @@ def _measurement_line(r: dict) -> str:
         saved += f" ({format_bytes(r['peak_saved_bytes'])})"
     spread = _time(r["iqr_s"]) + (" (noisy)" if r.get("noisy") else "")
     return (
-        f"| {_md_cell(r['trick'])} | {_md_cell(str(r['variant']))} | {_time(r['median_s'])} | {spread} | {rate} | "
-        f"{speedup} | {_md_cell(r['verdict'] or '-')} | {saved} | {format_bytes(r['peak_allocated_bytes'])} | "
+        f"| {markdown_cell(r['trick'])} | {markdown_cell(str(r['variant']))} | {_time(r['median_s'])} | {spread} | {rate} | "
+        f"{speedup} | {markdown_cell(r['verdict'] or '-')} | {saved} | {format_bytes(r['peak_allocated_bytes'])} | "
         f"{r['device']} |"
     )
 
@@ -185,7 +181,7 @@ def _markdown(env: EnvInfo, statuses: Sequence[NotebookStatus], rows: list[dict]
         "|---|---|---|---|",
     ]
     for s in statuses:
-        status = "ok" if s.ok else _md_cell(f"FAILED at {s.failed_cell}: {s.error}")
+        status = "ok" if s.ok else markdown_cell(f"FAILED at {s.failed_cell}: {s.error}")
         finished = f"{s.finished_at} (earlier run, kept)" if s.carried_over else s.finished_at
         lines.append(f"| {s.notebook} | {status} | {s.seconds:.1f} s | {finished} |")
     order = [s.notebook for s in statuses]
@@ -199,7 +195,8 @@ def _markdown(env: EnvInfo, statuses: Sequence[NotebookStatus], rows: list[dict]
         if verdict_rows:
             lines += ["", "| trick | measured here | device |", "|---|---|---|"]
             lines += [
-                f"| {_md_cell(v['trick'])} | {_md_cell(v['verdict'] or '-')} | {v['device']} |" for v in verdict_rows
+                f"| {markdown_cell(v['trick'])} | {markdown_cell(v['verdict'] or '-')} | {v['device']} |"
+                for v in verdict_rows
             ]
         if mine:
             lines += [

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tricks_lib.summary import _md_cell
+from tricks_lib.formatting import markdown_cell
 
 __all__ = ["compare_summaries", "diff_markdown", "load_summary", "verdict_class"]
 
@@ -105,8 +105,8 @@ def diff_markdown(report: dict) -> str:
                 "|---|---|---|---|---|",
             ]
             lines += [
-                f"| {r['notebook']} | {_md_cell(r['trick'])} | {_md_cell(r['variant'])} | {_md_cell(r['first'])} | "
-                f"{_md_cell(r['second'])} |"
+                f"| {r['notebook']} | {markdown_cell(r['trick'])} | {markdown_cell(r['variant'])} | {markdown_cell(r['first'])} | "
+                f"{markdown_cell(r['second'])} |"
                 for r in rows
             ]
     return "\n".join(lines) + "\n"

@@ -9,7 +9,8 @@ and the reading helpers its cells would otherwise write by hand.
 Reading helpers: ``verdict_of`` (one variant against the baseline or another variant),
 ``fastest`` (the variant with the least time per item, and whether it beats every other one
 significantly), ``paired_ratio``, ``memory_change`` (saved-for-backward bytes of two reports),
-``break_even`` (calls after which a compile pays off), ``direction`` and ``overall`` (the word a
+``break_even`` (calls after which a compile pays off) and ``break_even_note`` (the same in words),
+``separate_runs_ratio`` (two measurements timed apart, in words), ``direction`` and ``overall`` (the word a
 conditional paragraph would branch on, for one row or several), ``by_outcome`` (names grouped by
 verdict), ``trade_off`` (time and saved-for-backward memory of variants, one table) and
 ``median_drift`` (how far the same workload's median moved between cells). Every one reads results;
@@ -23,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+from tricks_lib._validate import check_flag, check_positive
 from tricks_lib.formatting import format_bytes, format_seconds, html_table, markdown_table
 from tricks_lib.measurements import Comparison, ComparisonRow, Measurement
 from tricks_lib.memory import MemoryReport
@@ -39,6 +41,7 @@ __all__ = [
     "VerdictRow",
     "VerdictTable",
     "break_even",
+    "break_even_note",
     "by_outcome",
     "direction",
     "fastest",
@@ -46,6 +49,7 @@ __all__ = [
     "memory_change",
     "overall",
     "paired_ratio",
+    "separate_runs_ratio",
     "trade_off",
     "verdict_of",
 ]
@@ -114,6 +118,56 @@ def break_even(cost: CompileCost, comparison: Comparison, compiled: str, eager: 
     if any(n is None for n in calls.values()):
         return None
     return {cache: max(1, math.ceil(n)) for cache, n in calls.items()}
+
+
+def break_even_note(calls: Mapping[str, int] | None, unit: str = "calls") -> str:
+    """'pays off after 3,334 calls cold, 334 warm', or 'never pays off here': a ``break_even`` result in words.
+
+    Args:
+        calls: what ``break_even`` returned: ``{"cold": n, "warm": n}``, or None (never paid back).
+        unit: what the counts count, e.g. "steps" for a compiled training step.
+
+    Raises:
+        TypeError: ``calls`` is neither None nor a mapping of whole numbers, or ``unit`` is not a string.
+        ValueError: ``calls`` lacks its "cold" or "warm" count, a count is not positive, or ``unit`` is empty.
+    """
+    if not isinstance(unit, str):
+        raise TypeError(f"unit must be a string such as 'calls' or 'steps', got {type(unit).__name__}")
+    if not unit.strip():
+        raise ValueError("unit must name what is counted, such as 'calls' or 'steps'")
+    if calls is None:
+        return "never pays off here"
+    if not isinstance(calls, Mapping):
+        raise TypeError(f"calls must be break_even()'s result (a dict or None), got {type(calls).__name__}")
+    missing = [cache for cache in ("cold", "warm") if cache not in calls]
+    if missing:
+        raise ValueError(f"calls must hold 'cold' and 'warm' counts, as break_even() returns; missing {missing}")
+    for cache in ("cold", "warm"):
+        check_positive(calls[cache], f"calls[{cache!r}]", allow_none=False, integer=True)
+    return f"pays off after {calls['cold']:,} {unit} cold, {calls['warm']:,} warm"
+
+
+def separate_runs_ratio(measurement: Measurement, reference: Measurement) -> str:
+    """'1.23x the items/s of one process (separate runs, not tested)': two measurements timed apart, in words.
+
+    The ratio is of items per second when both measurements count items, else of calls per second.
+    Measurements taken in separate runs share no interleaved rounds, so there is no paired interval:
+    the words say that the ratio was not tested for significance (``compare`` gives the paired verdict).
+
+    Raises:
+        TypeError: an argument is not a Measurement.
+        ValueError: a median is zero (no rate).
+    """
+    for name, m in (("measurement", measurement), ("reference", reference)):
+        if not isinstance(m, Measurement):
+            raise TypeError(f"{name} must be a Measurement (measure(...), or a result's as_measurement()), got {m!r}")
+        if m.median <= 0:
+            raise ValueError(f"{name} {m.label!r} has a median of zero: time a workload that takes measurable time")
+    if measurement.items and reference.items:
+        ratio, rate = measurement.items_per_second / reference.items_per_second, "items/s"
+    else:
+        ratio, rate = reference.median / measurement.median, "calls/s"
+    return f"{ratio:.2f}x the {rate} of {reference.label} (separate runs, not tested)"
 
 
 def direction(row: ComparisonRow) -> str:
@@ -355,12 +409,13 @@ class VerdictTable:
     def add(
         self,
         trick: str,
-        result: Comparison | ComparisonRow | MemoryReport | str,
+        result: Comparison | ComparisonRow | MemoryReport | Mapping[str, object] | str,
         caveat: str,
         *,
         variant: str | None = None,
         against: str | None = None,
         note: str = "",
+        replicates: bool = False,
         before: tuple[str, ...] = (),
     ) -> VerdictRow:
         """Add the row for ``trick``, read from ``result``, and return it.
@@ -369,19 +424,24 @@ class VerdictTable:
             trick: the trick's name as the table shows it.
             result: a ``ComparisonRow`` (its verdict), a ``Comparison`` with ``variant`` (and optionally
                 ``against``, another variant to read it against), a ``MemoryReport`` (its saved bytes),
+                a mapping of labels to values computed from this run (shown as 'label: value; ...'),
                 or a sentence the notebook computed from this run.
             caveat: when the trick does not help: a fixed fact, never an outcome.
             note: appended to the measured text (e.g. the memory it saved).
+            replicates: append the speedup of each fresh replicate (a comparison run with ``replicates=``).
             before: the cells between the trick and the verdict, one per extra column.
 
         Raises:
-            TypeError: a ``Comparison`` without ``variant``, or a result of another type.
-            ValueError: ``before`` does not fill the table's extra columns.
+            TypeError: a ``Comparison`` without ``variant``, a mapping with a key that is not a string,
+                or a result of another type.
+            ValueError: ``before`` does not fill the table's extra columns, an empty mapping, or
+                ``replicates=True`` for a result without replicates.
             KeyError: ``variant`` or ``against`` is not a variant of the comparison.
         """
         for name, value in (("trick", trick), ("caveat", caveat), ("note", note)):
             if not isinstance(value, str):
                 raise TypeError(f"{name} must be a string, got {type(value).__name__}")
+        check_flag(replicates, "replicates")
         extra = len(self.columns) - 3
         if not (isinstance(before, tuple) and all(isinstance(c, str) for c in before)):
             raise TypeError(f"before must be a tuple of strings, got {before!r}")
@@ -389,24 +449,34 @@ class VerdictTable:
             raise ValueError(
                 f"this table has {extra} column(s) before the verdict ({self.columns[1:-2]}), got before={before!r}"
             )
-        speedup, device = None, "-"
+        speedup, device, read = None, "-", None  # read: the ComparisonRow, when there is one
         if isinstance(result, Comparison):
             if variant is None:
                 raise TypeError(
                     f"add({trick!r}, comparison, ...) needs variant=: the row to read from {list(result.names)}"
                 )
-            row = result[variant] if against is None else result.versus(variant, against)
-            measured, speedup, device = row.verdict, row.speedup, result.device
+            read = result[variant] if against is None else result.versus(variant, against)
+            measured, speedup, device = read.verdict, read.speedup, result.device
         elif isinstance(result, ComparisonRow):
+            read = result
             measured, speedup, device = result.verdict, result.speedup, result.measurement.device
         elif isinstance(result, MemoryReport):
             measured, device = f"saved for backward {format_bytes(result.peak_saved_bytes)}", result.device
+        elif isinstance(result, Mapping):
+            measured = _labelled_values(trick, result)
         elif isinstance(result, str):
             measured = result
         else:
             raise TypeError(
-                f"result must be a Comparison, ComparisonRow, MemoryReport or a computed sentence, got {type(result).__name__}"
+                "result must be a Comparison, ComparisonRow, MemoryReport, a mapping of computed values "
+                f"or a computed sentence, got {type(result).__name__}"
             )
+        if replicates:
+            if read is None or not read.replicate_speedups:
+                raise ValueError(
+                    f"add({trick!r}, ..., replicates=True) needs a comparison run with compare(..., replicates=n)"
+                )
+            note = f" (each replicate: {', '.join(f'{s:.2f}x' for s in read.replicate_speedups)})" + note
         row = VerdictRow(trick, measured + note, caveat, device, speedup, before, self.columns[1:-1])
         self.rows.append(row)
         if self.record_rows:
@@ -429,3 +499,13 @@ class VerdictTable:
 
     def __repr__(self) -> str:
         return self.to_markdown()
+
+
+def _labelled_values(trick: str, values: Mapping[str, object]) -> str:
+    """'copy avoided: 16.0 MiB; the copy took: 3.1 ms': a mapping of computed values as one cell's text."""
+    if not values:
+        raise ValueError(f"add({trick!r}, {{}}, ...): the mapping of computed values is empty")
+    for label in values:
+        if not isinstance(label, str):
+            raise TypeError(f"add({trick!r}, mapping, ...): every label must be a string, got {label!r}")
+    return "; ".join(f"{label}: {value}" for label, value in values.items())

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from tricks_lib.repro.seeding import _check_seed
+from tricks_lib.repro.seeding import check_seed
 
 
 class NoiseAugmentedDataset(Dataset):
@@ -60,7 +60,7 @@ class NoiseAugmentedDataset(Dataset):
         self.noise_std = float(noise_std)
         self.own_generator = own_generator
         # The generator created here is what every worker inherits a copy of.
-        self.rng = np.random.default_rng(None if seed is None else _check_seed(seed)) if own_generator else None
+        self.rng = np.random.default_rng(None if seed is None else check_seed(seed)) if own_generator else None
 
     def __len__(self) -> int:
         return len(self.inputs)
@@ -77,6 +77,6 @@ class NoiseAugmentedDataset(Dataset):
     def reseed(self, seed: int) -> None:
         """Replace the own generator by one seeded with ``seed`` (``seed_worker`` calls this in each
         worker); with ``own_generator=False`` there is nothing to replace and this does nothing."""
-        seed = _check_seed(seed)
+        seed = check_seed(seed)
         if self.own_generator:
             self.rng = np.random.default_rng(seed)

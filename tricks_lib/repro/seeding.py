@@ -13,7 +13,8 @@ from torch.utils.data import get_worker_info
 MAX_SEED = 2**32 - 1
 
 
-def _check_seed(seed: object, name: str = "seed") -> int:
+def check_seed(seed: object, name: str = "seed") -> int:
+    """``seed`` as an int, or TypeError/ValueError saying what a seed must be (shared by ``repro``)."""
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise TypeError(f"{name} must be an int, got {type(seed).__name__}: pass e.g. {name}=0")
     seed = int(seed)
@@ -37,7 +38,7 @@ def seed_everything(seed: int) -> None:
         TypeError: ``seed`` is not an int (bools are refused too).
         ValueError: ``seed`` is negative or above 2**32 - 1.
     """
-    seed = _check_seed(seed)
+    seed = check_seed(seed)
     os.environ["PYTHONHASHSEED"] = str(seed)
     random.seed(seed)
     np.random.seed(seed)
@@ -86,7 +87,7 @@ def make_generator(seed: int, device: str | torch.device = "cpu") -> torch.Gener
     Raises:
         TypeError / ValueError: as ``seed_everything``.
     """
-    seed = _check_seed(seed)
+    seed = check_seed(seed)
     generator = torch.Generator(device=device)
     generator.manual_seed(seed)
     return generator

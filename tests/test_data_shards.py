@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import tarfile
+import time
 import types
 import warnings
 from pathlib import Path
@@ -616,3 +617,22 @@ def test_batches_per_epoch_counts_each_workers_partial_batch(tmp_path):
         ds.batches_per_epoch(0)
     with pytest.raises(TypeError, match="drop_last"):
         ds.batches_per_epoch(3, drop_last=1)
+
+
+def test_the_next_shard_is_read_ahead_while_one_is_read(tmp_path):
+    """On a cold cache, every shard used to start with a wait for its first read; the dataset now asks
+    for the next shard of its plan (posix_fadvise WILLNEED) when it starts one."""
+    from tricks_lib.data import evict_from_page_cache, page_cache_residency
+
+    samples = [{"__key__": f"s{i:04d}", "bin": bytes([i % 251]) * (64 << 10)} for i in range(32)]
+    first, second = write_tar_shards(samples, tmp_path, samples_per_shard=16)
+    if not evict_from_page_cache([first, second]).verified:
+        pytest.skip("cannot evict files from the page cache here (no mincore or no fadvise)")
+    ds = TarShardDataset([first, second])
+    it = iter(ds)
+    assert next(it) == samples[0]  # the first shard is being read ...
+    deadline = time.monotonic() + 5
+    while page_cache_residency([second]).fraction < 0.5 and time.monotonic() < deadline:
+        time.sleep(0.01)  # ... and the second one arrives without being touched
+    assert page_cache_residency([second]).fraction >= 0.5
+    assert [next(it) for _ in range(31)] == samples[1:]

@@ -36,6 +36,7 @@ __all__ = [
     "index_tar_shard",
     "load_shard_index",
     "read_tar_samples",
+    "request_read_ahead",
     "write_index_file",
 ]
 
@@ -416,6 +417,30 @@ def read_tar_samples(index: ShardIndex, start: int = 0, stop: int | None = None)
             if hasattr(mapped, "madvise"):
                 mapped.madvise(mmap.MADV_SEQUENTIAL, first, max(last - first, 1))
             yield from _checked_samples(index, mapped, start, stop, _ReadAhead(mapped, first, last))
+
+
+def request_read_ahead(index: ShardIndex, start: int = 0, stop: int | None = None) -> None:
+    """Ask the kernel to start reading samples ``start..stop-1`` of a shard (up to 16 MiB) into the page cache.
+
+    ``posix_fadvise(POSIX_FADV_WILLNEED)`` returns at once; the reads proceed while the caller works
+    on something else. ``TarShardDataset`` calls it for the next shard of its plan when it starts a
+    shard, so on a cold cache the next shard's first blocks are on their way when the reader gets
+    there, instead of every shard starting with a wait for its first read. No-op where the call or
+    the file is missing (the read that follows reports a missing file).
+    """
+    stop = len(index) if stop is None else stop
+    if not hasattr(os, "posix_fadvise") or not 0 <= start < stop <= len(index):
+        return
+    first = int(index.offsets[start])
+    last = int(index.offsets[stop]) if stop < len(index) else index.end
+    try:
+        fd = os.open(index.path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.posix_fadvise(fd, first, min(last - first, _ReadAhead.READ_AHEAD), os.POSIX_FADV_WILLNEED)
+    finally:
+        os.close(fd)
 
 
 class _ReadAhead:

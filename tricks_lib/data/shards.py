@@ -46,6 +46,7 @@ from tricks_lib.data.shard_index import (
     index_tar_shard,
     load_shard_index,
     read_tar_samples,
+    request_read_ahead,
     write_index_file,
 )
 from tricks_lib.data.tar_format import ShardError
@@ -385,16 +386,19 @@ class TarShardDataset(IterableDataset):
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         epoch = self.epoch  # once: a set_epoch during this iteration applies to the next one
-        samples = (
-            sample
-            for shard, start, stop in self.plan(rank, world_size, worker, num_workers, epoch=epoch)
-            for sample in read_tar_samples(self.indexes[shard], start, stop)
-        )
+        samples = self._read_plan(list(self.plan(rank, world_size, worker, num_workers, epoch=epoch)))
         if self.shuffle_buffer:
             rng = random.Random(f"buffer:{self.seed}:{epoch}:{rank}:{worker}")
             samples = _buffer_shuffle(samples, self.shuffle_buffer, rng)
         for sample in samples:
             yield sample if self.transform is None else self.transform(sample)
+
+    def _read_plan(self, plan: list[tuple[int, int, int]]) -> Iterator[dict]:
+        for k, (shard, start, stop) in enumerate(plan):
+            if k + 1 < len(plan):  # the next shard's first reads start while this one is read
+                following = plan[k + 1]
+                request_read_ahead(self.indexes[following[0]], following[1], following[2])
+            yield from read_tar_samples(self.indexes[shard], start, stop)
 
     def __repr__(self) -> str:
         return (

@@ -91,7 +91,7 @@ def test_badges_and_setup_cells_use_the_one_repository_address():
         assert f'REPOSITORY = "{repo}"' in setup, path.name
         assert "git+{REPOSITORY}" in setup and "github.com" not in setup.replace(f'"{repo}"', ""), path.name
         # A failed install ends in one sentence that names the address, not a bare ModuleNotFoundError.
-        assert 'raise RuntimeError(f"Installing tricks_lib from {REPOSITORY} failed' in setup, path.name
+        assert 'raise RuntimeError(f"pip could not install tricks_lib from {REPOSITORY}' in setup, path.name
 
 
 def test_the_wheel_lists_every_subpackage_and_ships_the_notebooks():

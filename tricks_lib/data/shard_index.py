@@ -412,11 +412,16 @@ def read_tar_samples(index: ShardIndex, start: int = 0, stop: int | None = None)
         if _identity(stat) != index.identity:
             raise ShardError(index.path, 0, "shard changed since it was indexed; index it again")
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-            first = int(index.offsets[start]) // mmap.PAGESIZE * mmap.PAGESIZE
-            last = int(index.offsets[stop]) if stop < len(index) else index.end
+            first, last = _byte_range(index, start, stop)
+            first = first // mmap.PAGESIZE * mmap.PAGESIZE
             if hasattr(mapped, "madvise"):
                 mapped.madvise(mmap.MADV_SEQUENTIAL, first, max(last - first, 1))
             yield from _checked_samples(index, mapped, start, stop, _ReadAhead(mapped, first, last))
+
+
+def _byte_range(index: ShardIndex, start: int, stop: int) -> tuple[int, int]:
+    """The bytes of the shard that samples ``start..stop-1`` occupy: from the first one's header to the next's."""
+    return int(index.offsets[start]), int(index.offsets[stop]) if stop < len(index) else index.end
 
 
 def request_read_ahead(index: ShardIndex, start: int = 0, stop: int | None = None) -> None:
@@ -431,8 +436,7 @@ def request_read_ahead(index: ShardIndex, start: int = 0, stop: int | None = Non
     stop = len(index) if stop is None else stop
     if not hasattr(os, "posix_fadvise") or not 0 <= start < stop <= len(index):
         return
-    first = int(index.offsets[start])
-    last = int(index.offsets[stop]) if stop < len(index) else index.end
+    first, last = _byte_range(index, start, stop)
     try:
         fd = os.open(index.path, os.O_RDONLY)
     except OSError:

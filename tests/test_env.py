@@ -55,6 +55,7 @@ def test_describe():
     assert is_colab() is False
 
 
+@pytest.mark.slow  # starts fresh Python processes
 def test_import_changes_no_global_state():
     import subprocess
     import sys

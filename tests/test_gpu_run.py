@@ -57,6 +57,7 @@ def test_dry_run_runs_every_phase_and_stamps_the_machine(tmp_path):
     assert not (out / "quick" / "notebooks").exists()
 
 
+@pytest.mark.slow  # starts fresh Python processes
 def test_without_a_gpu_it_refuses_unless_dry_run(tmp_path):
     import torch
 

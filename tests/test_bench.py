@@ -226,60 +226,6 @@ def fake_clock(monkeypatch, seconds_per_call, noise=0.01, seed=0):
     monkeypatch.setattr(bench, "run_block", run_block)
 
 
-def test_settling_adds_rounds_only_while_an_interval_straddles_a_verdict_edge(monkeypatch):
-    # b costs 5% more: with +-10% jitter per block, 15 rounds leave its interval across the slower
-    # edge (1 / 1.05), so settling adds rounds, up to 3x the planned ones. A 2x difference is settled
-    # after the planned rounds and gets none; without settling, neither does the unsettled one.
-    args = {"baseline": "a", "min_rounds": 15, "number": 1, "warmup": 0, "min_run_time": 1e-6, "device": "cpu"}
-    fake_clock(monkeypatch, {"a": 1e-3, "b": 1.05e-3}, noise=0.1)
-    assert compare({"a": lambda: None, "b": lambda: None}, **args, settle=False).rounds == 15
-    fake_clock(monkeypatch, {"a": 1e-3, "b": 1.05e-3}, noise=0.1)
-    assert compare({"a": lambda: None, "b": lambda: None}, **args, settle=True).rounds == 45
-    fake_clock(monkeypatch, {"a": 1e-3, "b": 2e-3}, noise=0.1)
-    assert compare({"a": lambda: None, "b": lambda: None}, **args, settle=True).rounds == 15
-    fake_clock(monkeypatch, {"a": 1e-3, "b": 1.05e-3}, noise=0.1)
-    assert compare({"a": lambda: None, "b": lambda: None}, **args, settle=True, max_rounds=20).rounds == 20
-
-
-def test_settling_stops_once_the_interval_narrows_into_a_region(monkeypatch):
-    # b costs 12% more: 15 noisy rounds leave the interval across the slower edge; more rounds
-    # narrow it below 1 / 1.05, and settling stops there, short of its cap, with b significant.
-    fake_clock(monkeypatch, {"a": 1e-3, "b": 1.12e-3}, noise=0.15, seed=3)
-    unsettled = compare(
-        {"a": lambda: None, "b": lambda: None},
-        baseline="a",
-        min_rounds=15,
-        number=1,
-        warmup=0,
-        min_run_time=1e-6,
-        device="cpu",
-        settle=False,
-    )
-    fake_clock(monkeypatch, {"a": 1e-3, "b": 1.12e-3}, noise=0.15, seed=3)
-    settled = compare(
-        {"a": lambda: None, "b": lambda: None},
-        baseline="a",
-        min_rounds=15,
-        number=1,
-        warmup=0,
-        min_run_time=1e-6,
-        device="cpu",
-        settle=True,
-    )
-    assert not unsettled["b"].significant and unsettled["b"].ci_high > 1 / 1.05
-    assert 15 < settled.rounds < 45 and settled["b"].significant and settled["b"].ci_high <= 1 / 1.05
-
-
-def test_settling_is_off_in_quick_mode_and_on_in_full_mode(monkeypatch):
-    args = {"baseline": "a", "min_rounds": 15, "number": 1, "warmup": 0, "min_run_time": 1e-6, "device": "cpu"}
-    for quick, rounds in (("1", 15), ("0", 45)):
-        monkeypatch.setenv("TRICKS_QUICK", quick)
-        fake_clock(monkeypatch, {"a": 1e-3, "b": 1.05e-3}, noise=0.1)
-        assert compare({"a": lambda: None, "b": lambda: None}, **args).rounds == rounds
-    with pytest.raises(TypeError, match="settle"):
-        compare({"a": lambda: None}, baseline="a", settle="yes")
-
-
 def test_small_consistent_difference_is_not_a_speedup(monkeypatch):
     # 4% more work is a real, consistent difference, but below the 5% minimum effect: about what a
     # speedup moves between two runs of the main command on a shared machine (stats.DEFAULT_MIN_EFFECT).

@@ -34,21 +34,6 @@ def test_compare_times_every_environment_and_fails_loudly():
         compare_environments(setup, "pass", {"a": {"TRICKS_ENV_PROBE": "b"}}, baseline="a", rounds=8)
 
 
-@pytest.mark.slow
-def test_settling_adds_rounds_to_the_last_workers_while_a_verdict_is_unsettled(monkeypatch):
-    import tricks_lib.env_compare as env_compare
-
-    args = {"baseline": "a", "rounds": 8, "block_seconds": 0.002, "replicates": 2}
-    monkeypatch.setattr(env_compare, "comparison_settled", lambda *a: False)  # never settles: up to the cap
-    never = compare_environments("values = list(range(100))", "sum(values)", ENVS, **args, settle=True)
-    assert never.replicate_rounds == (4, 12)  # the last 4 rounds' workers ran up to 3 x 4
-    monkeypatch.setattr(env_compare, "comparison_settled", lambda *a: True)
-    settled = compare_environments("values = list(range(100))", "sum(values)", ENVS, **args, settle=True)
-    assert settled.replicate_rounds == (4, 4)
-    with pytest.raises(TypeError, match="settle"):
-        compare_environments("", "pass", ENVS, baseline="a", settle="yes")
-
-
 def test_arguments_are_checked():
     with pytest.raises(ValueError, match="baseline"):
         compare_environments("", "pass", ENVS, baseline="c")

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from tricks_lib.stats import median_interval, paired_speedup, replicate_speedups, replicates_agree, verdict_settled
+from tricks_lib.stats import median_interval, paired_speedup, replicate_speedups, replicates_agree
 
 
 def test_median_interval_uses_the_binomial_order_statistics():
@@ -60,15 +60,3 @@ def test_the_speedup_lies_inside_the_interval_printed_beside_it():
         ratio_of_medians = float(np.median(base) / np.median(var))
         outside_before += not lo <= ratio_of_medians <= hi
     assert outside_before > 0  # the data do contain the case the old reading printed
-
-
-def test_a_verdict_is_settled_only_inside_one_region():
-    assert verdict_settled(1.06, 1.2, 0.05)  # at least 5% faster throughout
-    assert verdict_settled(0.8, 0.95, 0.05)  # at least 5% slower throughout (1 / 1.05 = 0.952)
-    assert verdict_settled(0.97, 1.04, 0.05)  # within 5% of 1x throughout: settled as "not significant"
-    assert not verdict_settled(1.03, 1.2, 0.05)  # straddles the faster edge
-    assert not verdict_settled(0.9, 0.97, 0.05)  # straddles the slower edge
-    assert not verdict_settled(0.9, 1.1, 0.05)  # straddles both
-    assert not verdict_settled(math.nan, math.nan, 0.05)  # too few rounds for an interval
-    with pytest.raises(ValueError, match="fraction"):
-        verdict_settled(1.0, 1.0, 1.5)

@@ -19,16 +19,16 @@ from typing import TYPE_CHECKING
 import torch
 
 from tricks_lib._validate import check_callable, check_flag, check_non_negative_int, check_positive
-from tricks_lib.env import pick_device, quick_mode
+from tricks_lib.env import pick_device
 from tricks_lib.measurements import Comparison, ComparisonRow, Measurement, paired_row
 from tricks_lib.progress import optional_progress_bar
-from tricks_lib.stats import CONFIDENCE, DEFAULT_MIN_EFFECT, MIN_ROUNDS_FOR_VERDICT, comparison_settled, paired_speedup
+from tricks_lib.stats import CONFIDENCE, DEFAULT_MIN_EFFECT, MIN_ROUNDS_FOR_VERDICT, paired_speedup
 from tricks_lib.timed_blocks import Timer, default_min_run_time, make_timer, run_block, warm_up
 
 if TYPE_CHECKING:
     from tricks_lib.memory import MemoryReport
 
-__all__ = ["DEFAULT_MIN_ROUNDS", "SETTLE_FACTOR", "SLOW_CALL_BUDGET_FACTOR", "TARGET_ROUNDS", "compare"]
+__all__ = ["DEFAULT_MIN_ROUNDS", "SLOW_CALL_BUDGET_FACTOR", "TARGET_ROUNDS", "compare"]
 
 # compare()'s default round budget. A variant whose calls are short fills its time budget in about
 # 2 * DEFAULT_MIN_ROUNDS rounds (each block is calibrated to budget / (2 * min_rounds)). A call that
@@ -39,13 +39,6 @@ __all__ = ["DEFAULT_MIN_ROUNDS", "SETTLE_FACTOR", "SLOW_CALL_BUDGET_FACTOR", "TA
 DEFAULT_MIN_ROUNDS = 15
 TARGET_ROUNDS = 30
 SLOW_CALL_BUDGET_FACTOR = 4
-# Settling (compare(settle=True), the full-mode default): after the planned rounds, a comparison whose
-# interval still straddles the edge of a verdict region (``stats.verdict_settled``) gets more rounds,
-# up to SETTLE_FACTOR times the planned rounds more, and no more than SETTLE_FACTOR times their time.
-# Between two full runs (F and G, session 5), 9 of the 13 verdicts that changed between significant
-# and not came from one run's interval being wide (a noisy stretch, a few disturbed rounds), not from
-# the effect moving: more rounds narrow exactly those.
-SETTLE_FACTOR = 2
 
 
 def _calibrate(timer: Timer, target_block: float) -> int:
@@ -80,7 +73,6 @@ class _CompareSpec:
     order_seed: int
     replicates: int
     build: Callable[[], Mapping[str, Callable[[], object]]] | None
-    settle: bool
 
 
 def _check_variants(variants: object, expected: list[str] | None = None) -> dict[str, Callable[[], object]]:
@@ -116,11 +108,8 @@ def _check_compare_args(
     more_work,
     order_seed,
     replicates,
-    settle,
 ) -> _CompareSpec:
     check_positive(replicates, "replicates", allow_none=False, integer=True)
-    if settle is not None:
-        check_flag(settle, "settle")
     build = None
     if callable(variants) and not isinstance(variants, Mapping):
         build = variants
@@ -193,29 +182,7 @@ def _check_compare_args(
         order_seed=order_seed,
         replicates=replicates,
         build=build,
-        settle=not quick_mode() if settle is None else settle,
     )
-
-
-def _run_round(
-    order_rng: random.Random, timers: dict[str, Timer], numbers: dict[str, int], block_times: dict[str, list[float]]
-) -> float:
-    """One block of every variant, in a shuffled order; appends per-call times, returns seconds spent."""
-    order = list(timers)
-    order_rng.shuffle(order)
-    spent = 0.0
-    for name in order:
-        elapsed = run_block(timers[name], numbers[name])
-        block_times[name].append(elapsed / numbers[name])
-        spent += elapsed
-    return spent
-
-
-def _advance(bar, total_rounds: int) -> None:
-    """Move the progress bar (if any) one round on, growing its total when rounds were added."""
-    if bar is not None:
-        bar.total = max(bar.total, total_rounds)
-        bar.update(1)
 
 
 def _run_rounds(
@@ -239,7 +206,6 @@ def _run_rounds(
     target_rounds = min(max_rounds, max(min_rounds, math.ceil(spec.target_rounds / spec.replicates)))
     run_time = spec.run_time / spec.replicates
     slow_call_cap = SLOW_CALL_BUDGET_FACTOR * run_time * len(names)
-    scale = {name: (spec.items[name] if spec.per_item else 1) for name in names}
     variants, numbers, per_replicate = spec.variants, None, []
     bar = optional_progress_bar(progress, min_rounds * spec.replicates, f"comparing {len(names)} variants")
     try:
@@ -260,19 +226,16 @@ def _run_rounds(
                 or spent < run_time * len(names)
                 or (rounds < target_rounds and spent * target_rounds / rounds <= slow_call_cap)
             ):
-                spent += _run_round(order_rng, timers, numbers, block_times)
+                order = names[:]
+                order_rng.shuffle(order)
+                for name in order:
+                    elapsed = run_block(timers[name], numbers[name])
+                    block_times[name].append(elapsed / numbers[name])
+                    spent += elapsed
                 rounds += 1
-                _advance(bar, sum(per_replicate) + rounds)
-            if spec.settle and replicate == spec.replicates - 1:
-                planned_rounds, planned_spent = rounds, spent
-                while (
-                    rounds < min(max_rounds, (1 + SETTLE_FACTOR) * planned_rounds)
-                    and spent - planned_spent < SETTLE_FACTOR * planned_spent
-                    and not comparison_settled(block_times, spec.baseline, scale, spec.min_effect)
-                ):
-                    spent += _run_round(order_rng, timers, numbers, block_times)
-                    rounds += 1
-                    _advance(bar, sum(per_replicate) + rounds)
+                if bar is not None:
+                    bar.total = max(bar.total, sum(per_replicate) + rounds)
+                    bar.update(1)
             per_replicate.append(rounds)
     finally:
         if bar is not None:
@@ -355,7 +318,6 @@ def compare(
     progress: bool = False,
     replicates: int = 1,
     check: Callable[[object, object], object] | None = None,
-    settle: bool | None = None,
 ) -> Comparison:
     """Time variants interleaved round by round and read each against ``baseline``.
 
@@ -401,12 +363,6 @@ def compare(
         check: before anything is timed, ``check(baseline_result, variant_result)`` for every other
             variant, e.g. ``torch.testing.assert_close``; it raises when they differ (one untimed
             call each, on the first build). Lossy variants need a check with their tolerance.
-        settle: after the planned rounds, keep adding rounds while any variant's interval straddles
-            the edge of a verdict region (``stats.verdict_settled``), up to ``SETTLE_FACTOR`` times the
-            planned rounds more and no more than that many times their time (``max_rounds`` still
-            caps). A verdict read from a wide interval is the one a rerun changes. Default None: on in
-            full mode, off in quick mode (which only shows that the code runs). With replicates, the
-            last replicate gets the extra rounds.
 
     Raises:
         TypeError / ValueError: empty or non-dict ``variants``, a non-callable variant, an unknown
@@ -428,7 +384,6 @@ def compare(
         more_work,
         order_seed,
         replicates,
-        settle,
     )
     check_flag(memory, "memory")
     check_flag(progress, "progress")

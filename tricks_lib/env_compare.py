@@ -35,11 +35,13 @@ from pathlib import Path
 import torch
 
 from tricks_lib._validate import check_positive
-from tricks_lib.comparing import SETTLE_FACTOR
-from tricks_lib.env import pick_device, quick_mode
+from tricks_lib.env import pick_device
 from tricks_lib.measurements import Comparison, Measurement, paired_row
 from tricks_lib.progress import optional_progress_bar as _progress_bar
-from tricks_lib.stats import DEFAULT_MIN_EFFECT, MIN_ROUNDS_FOR_VERDICT, comparison_settled
+from tricks_lib.stats import (
+    DEFAULT_MIN_EFFECT,
+    MIN_ROUNDS_FOR_VERDICT,
+)
 
 __all__ = [
     "ALLOCATORS",
@@ -311,7 +313,6 @@ def compare_environments(
     order_seed: int = 0,
     timeout: float = 600.0,
     progress: bool = False,
-    settle: bool | None = None,
 ) -> Comparison:
     """Time ``stmt`` in one worker process per environment, interleaved round by round.
 
@@ -332,9 +333,6 @@ def compare_environments(
         items / min_effect / label / order_seed: as in ``compare``.
         timeout: seconds a worker may take to exit.
         progress: show a progress bar over the rounds (off by default, and under ``TRICKS_PROGRESS=0``).
-        settle: as in ``compare``: after the planned rounds, the last set of workers runs more rounds
-            while an interval straddles the edge of a verdict region, up to ``SETTLE_FACTOR`` times
-            its planned rounds more. Default None: on in full mode, off in quick mode.
 
     Returns:
         An ``EnvironmentComparison`` (a ``Comparison``: one row per environment; its caption gives the
@@ -356,9 +354,6 @@ def compare_environments(
     check_positive(items, "items", integer=True)
     if not isinstance(progress, bool):
         raise TypeError(f"progress must be True or False, got {progress!r}")
-    if settle is not None and not isinstance(settle, bool):
-        raise TypeError(f"settle must be True, False or None, got {settle!r}")
-    settle = not quick_mode() if settle is None else settle
     dev = pick_device(device) if device is not None else pick_device()
     spec = {
         "setup": textwrap.dedent(setup),
@@ -380,24 +375,14 @@ def compare_environments(
                 numbers = {name: _calibrate(w, block_seconds) for name, w in workers.items()}
             worker_threads = {name: int(json.loads(w.ask("threads"))) for name, w in workers.items()}
             count = rounds // replicates + (1 if replicate < rounds % replicates else 0)
-            planned, last = count, replicate == replicates - 1
-            done = 0
-            ones = dict.fromkeys(names, 1)
-            while done < planned or (
-                settle
-                and last
-                and done < (1 + SETTLE_FACTOR) * planned
-                and not comparison_settled(times, baseline, ones, min_effect)
-            ):
+            for _ in range(count):
                 order = names[:]
                 rng.shuffle(order)
                 for name in order:
                     times[name].append(float(workers[name].ask(str(numbers[name]))) / numbers[name])
-                done += 1
                 if bar is not None:
-                    bar.total = max(bar.total, sum(per_replicate) + done)
                     bar.update(1)
-            per_replicate.append(done)
+            per_replicate.append(count)
         finally:
             for worker in workers.values():
                 worker.close()

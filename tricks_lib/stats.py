@@ -7,7 +7,7 @@ machine state) and reads the distribution-free interval of the median per-round 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -17,12 +17,10 @@ __all__ = [
     "MIN_BLOCKS_FOR_SPREAD",
     "MIN_ROUNDS_FOR_VERDICT",
     "NOISE_THRESHOLD",
-    "comparison_settled",
     "median_interval",
     "paired_speedup",
     "replicate_speedups",
     "replicates_agree",
-    "verdict_settled",
 ]
 
 # IQR/median above this marks a measurement as noisy (the same threshold torch.utils.benchmark warns at).
@@ -97,44 +95,6 @@ def paired_speedup(
     faster, slower = 1.0 + min_effect, 1.0 / (1.0 + min_effect)
     significant = (lo >= faster and ratio_of_medians >= faster) or (hi <= slower and ratio_of_medians <= slower)
     return speedup, lo, hi, significant
-
-
-def verdict_settled(low: float, high: float, min_effect: float) -> bool:
-    """True when the interval ``[low, high]`` lies wholly inside one of the three verdict regions.
-
-    The regions: at least ``min_effect`` faster (``low >= 1 + min_effect``), at least ``min_effect``
-    slower (``high <= 1 / (1 + min_effect)``), or within ``min_effect`` of 1x (strictly between the
-    two). An interval that straddles a region's edge is unsettled: more rounds narrow it, and its
-    verdict is the one a rerun is most likely to change. A missing interval (NaN) is unsettled.
-
-    Raises:
-        ValueError: ``min_effect`` outside [0, 1).
-    """
-    if isinstance(min_effect, bool) or not isinstance(min_effect, (int, float)) or not 0 <= min_effect < 1:
-        raise ValueError(f"min_effect must be a fraction in [0, 1), got {min_effect!r}")
-    if math.isnan(low) or math.isnan(high):
-        return False
-    faster, slower = 1.0 + min_effect, 1.0 / (1.0 + min_effect)
-    return low >= faster or high <= slower or (slower < low and high < faster)
-
-
-def comparison_settled(
-    times: Mapping[str, Sequence[float]], baseline: str, items: Mapping[str, int], min_effect: float
-) -> bool:
-    """True when every variant's paired interval against ``baseline`` is settled (``verdict_settled``).
-
-    ``times``: each variant's per-call block times in round order; ``items``: what one call of each
-    processed (all 1 to compare time per call). The test that ``compare(settle=True)`` and
-    ``compare_environments(settle=True)`` run after each extra round.
-    """
-    base = times[baseline]
-    for name, variant_times in times.items():
-        if name == baseline:
-            continue
-        _, low, high, _ = paired_speedup(base, variant_times, items[baseline], items[name], min_effect)
-        if not verdict_settled(low, high, min_effect):
-            return False
-    return True
 
 
 def replicates_agree(speedups: Sequence[float], min_effect: float) -> bool:

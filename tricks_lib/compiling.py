@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
-import torch._inductor.config  # compile_cost and compile_frozen set Inductor's settings
 
 from tricks_lib.bench import format_seconds, time_first_call
 from tricks_lib.env import pick_device
@@ -45,6 +44,15 @@ __all__ = [
     "fresh_compile_cache",
     "frozen_parameters",
 ]
+
+
+def _inductor_config():
+    """``torch._inductor.config``, imported on first use: importing Inductor costs about 1.5 s, which every
+    ``import tricks_lib`` (each notebook kernel, test process and fresh-process worker) would otherwise pay."""
+    import torch._inductor.config
+
+    return torch._inductor.config
+
 
 _CACHE_ENV_VAR = "TORCHINDUCTOR_CACHE_DIR"
 _TRITON_CACHE_ENV_VAR = "TRITON_CACHE_DIR"
@@ -273,7 +281,7 @@ def compile_cost(
     if inductor_config is not None and not isinstance(inductor_config, dict):
         raise TypeError(f"inductor_config must be a dict of torch._inductor.config settings, got {inductor_config!r}")
     config = dict(inductor_config or {})
-    unknown = [key for key in config if key not in torch._inductor.config.get_config_copy()]
+    unknown = [key for key in config if key not in _inductor_config().get_config_copy()]
     if unknown:
         raise ValueError(f"inductor_config: {unknown} are not torch._inductor.config settings")
     setup = textwrap.dedent(setup)
@@ -293,7 +301,7 @@ def compile_cost(
 
         with contextlib.ExitStack() as stack:
             if config:
-                stack.enter_context(torch._inductor.config.patch(config))
+                stack.enter_context(_inductor_config().patch(config))
             if no_grad:
                 stack.enter_context(torch.no_grad())
             exec(compile(setup, "<compile_cost setup>", "exec"), namespace)
@@ -380,7 +388,7 @@ def compile_frozen(
     if torch.is_grad_enabled():
         raise RuntimeError("call compile_frozen inside torch.no_grad() or torch.inference_mode(), as its later calls")
     compiled = torch.compile(model, options={"max_autotune": True} if max_autotune else None)
-    with torch._inductor.config.patch(freezing=True):
+    with _inductor_config().patch(freezing=True):
         compiled(*example_inputs)
     return compiled
 

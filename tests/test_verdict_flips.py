@@ -60,3 +60,62 @@ def test_diff_command_lists_the_changed_verdicts_of_two_folders(tmp_path, capsys
     assert "2 verdicts in both runs; 1 changed direction, 1 changed significance" in out
     assert main(["diff", str(tmp_path / "cpu"), str(tmp_path / "nowhere")]) == 2
     assert "no summary here" in capsys.readouterr().err
+
+
+def interval_row(variant, speedup, low, high, verdict="1.20x faster"):
+    return {
+        "notebook": "02",
+        "trick": "t",
+        "variant": variant,
+        "verdict": verdict,
+        "speedup": speedup,
+        "speedup_low": low,
+        "speedup_high": high,
+    }
+
+
+def test_expected_flips_come_from_rows_near_the_threshold():
+    far = interval_row("far", 2.0, 1.8, 2.2)  # clears 5% by far: any rerun agrees
+    null = interval_row("null", 1.0, 0.98, 1.02, "not significant")  # 1x inside a narrow interval: never clears
+    edge = interval_row("edge", 1.10, 1.05, 1.15)  # its low end sits on the 5% edge: a coin toss
+    text = {"notebook": "02", "trick": "t", "variant": "text", "verdict": "2.00x faster"}  # no interval
+    report = summary_diff.expected_significance_flips({"measurements": [far, null, edge, text]})
+    assert report["rows"] == 3 and report["rows_without_interval"] == 1
+    assert 0.49 < report["expected_flips"] < 0.51  # 2 p (1 - p) with p = 1/2 for the edge row, ~0 for the others
+    assert abs(report["expected_flip_rate"] - report["expected_flips"] / 3) < 1e-12
+    alone = summary_diff.expected_significance_flips({"measurements": [far, null]})
+    assert alone["expected_flips"] < 1e-6
+
+
+def test_narrower_intervals_lower_the_expected_flips():
+    # Effects of 17-25% read with wide intervals (+-15%): uncertain now, clear once the intervals narrow.
+    rows = [interval_row(f"r{i}", s, s / 1.15, s * 1.15) for i, s in enumerate((1.2, 1.25, 0.83, 0.8))]
+    doc = {"measurements": rows}
+    rates = [
+        summary_diff.expected_significance_flips(doc, width_scale=w)["expected_flip_rate"] for w in (1.0, 0.5, 0.25)
+    ]
+    assert rates[0] > rates[1] > rates[2] > 0
+    only = summary_diff.expected_significance_flips(doc, keys=[("02", "t", "r0"), ("02", "t", "missing")])
+    assert only["rows"] == 1
+
+
+def test_expected_flips_refuse_bad_arguments():
+    import pytest
+
+    with pytest.raises(ValueError, match="width_scale"):
+        summary_diff.expected_significance_flips({}, width_scale=2)
+    with pytest.raises(TypeError, match="width_scale"):
+        summary_diff.expected_significance_flips({}, width_scale="half")
+    with pytest.raises(ValueError, match="min_effect"):
+        summary_diff.expected_significance_flips({}, min_effect=1.5)
+    with pytest.raises(TypeError, match="min_effect"):
+        summary_diff.expected_significance_flips({}, min_effect=True)
+
+
+def test_the_report_puts_the_expected_rate_beside_the_observed_one():
+    first = {"measurements": [interval_row("edge", 1.10, 1.05, 1.15)]}
+    second = {"measurements": [interval_row("edge", 1.02, 0.97, 1.07, "not significant")]}
+    report = summary_diff.compare_summaries(first, second)
+    assert report["significance_flip_rate"] == 1.0
+    assert 0.49 < report["expected_significance_flip_rate"]["first"] < 0.51
+    assert "noise inside one run alone would change about 50.0%" in summary_diff.diff_markdown(report)

@@ -7,16 +7,25 @@ hardware; two runs on the same machine show which verdicts do not reproduce. A v
 its class: faster, slower or not significant (the numbers in it always move a little). Two kinds of
 change are told apart: a *direction* change (faster in one run, slower in the other) and a
 *significance* change (significant in one, not in the other).
+
+Significance changes are expected for rows near the threshold even when nothing but the noise inside
+a run acts: ``expected_significance_flips`` reads, from one run's own paired intervals, how many
+rows an independent rerun would flip that way. Observed changes well above that number come from
+noise *between* runs (state drawn once per process), which the intervals cannot see.
 """
 
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Iterable
 from pathlib import Path
 
+from tricks_lib._validate import check_positive
 from tricks_lib.formatting import markdown_cell
+from tricks_lib.stats import CONFIDENCE, DEFAULT_MIN_EFFECT
 
-__all__ = ["compare_summaries", "diff_markdown", "load_summary", "verdict_class"]
+__all__ = ["compare_summaries", "diff_markdown", "expected_significance_flips", "load_summary", "verdict_class"]
 
 
 def verdict_class(verdict: str | None) -> str | None:
@@ -51,14 +60,97 @@ def load_summary(path: str | Path) -> dict:
     return summary
 
 
-def _by_key(summary: dict) -> dict:
+def _verdict_rows(summary: dict) -> dict:
+    """Each row with a comparison verdict, by (notebook, trick, variant)."""
     out = {}
     for section in ("measurements", "verdicts"):
         for row in summary.get(section, []):
-            cls = verdict_class(row.get("verdict"))
-            if cls is not None:
-                out[(row["notebook"], row["trick"], str(row["variant"]))] = (cls, row.get("verdict"))
+            if verdict_class(row.get("verdict")) is not None:
+                out[(row["notebook"], row["trick"], str(row["variant"]))] = row
     return out
+
+
+def _by_key(summary: dict) -> dict:
+    return {key: (verdict_class(row["verdict"]), row["verdict"]) for key, row in _verdict_rows(summary).items()}
+
+
+def _normal_cdf(x: float) -> float:
+    return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
+
+
+# The two-sided normal quantile of CONFIDENCE (2.576 at 99%), by bisection: no SciPy needed for one number.
+def _normal_quantile(p: float) -> float:
+    lo, hi = -10.0, 10.0
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if _normal_cdf(mid) < p else (lo, mid)
+    return (lo + hi) / 2
+
+
+def _chance_significant(speedup: float, low: float, high: float, min_effect: float, width_scale: float) -> float:
+    """The chance that a rerun's interval clears the threshold, the rerun's log speedup drawn around this one's.
+
+    The spread of the draw is what this interval implies (its log width over 2 z), and the rerun's
+    interval keeps this one's width and skew; both scale with ``width_scale``.
+    """
+    m, lo, hi = math.log(speedup), math.log(low), math.log(high)
+    z = _normal_quantile(0.5 + CONFIDENCE / 2)
+    below, above = (m - lo) * width_scale, (hi - m) * width_scale
+    sigma = (below + above) / (2 * z)
+    edge = math.log1p(min_effect)
+    if sigma <= 0:
+        return 1.0 if (m - below >= edge or m + above <= -edge) else 0.0
+    return _normal_cdf((m - below - edge) / sigma) + _normal_cdf((-edge - above - m) / sigma)
+
+
+def expected_significance_flips(
+    summary: dict,
+    *,
+    min_effect: float = DEFAULT_MIN_EFFECT,
+    width_scale: float = 1.0,
+    keys: Iterable[tuple] | None = None,
+) -> dict:
+    """How many rows two independent reruns would call differently (significant or not), from this run's intervals.
+
+    For each row with a paired interval, a rerun's log speedup is drawn around this run's with the
+    spread its 99% interval implies; ``p`` is the chance that the rerun's interval clears
+    ``min_effect``, and two reruns disagree with chance ``2 p (1 - p)``. Only the noise between the
+    rounds of one run enters (and neither the replicate rule nor the ratio-of-medians rule), so this
+    is the floor that more rounds lower: ``width_scale=0.5`` reads the same rows with intervals half
+    as wide (about 4x the rounds). ``keys``: only these (notebook, trick, variant) rows.
+
+    Returns a dict: ``rows`` read, ``expected_flips`` (their sum), ``expected_flip_rate``, and
+    ``rows_without_interval`` (verdicts with no paired interval, e.g. text rows, left out).
+
+    Raises:
+        TypeError: ``min_effect`` or ``width_scale`` is not a number.
+        ValueError: ``min_effect`` is not in [0, 1) or ``width_scale`` not in (0, 1].
+    """
+    if isinstance(min_effect, bool) or not isinstance(min_effect, (int, float)):
+        raise TypeError(f"min_effect must be a number, got {min_effect!r}")
+    if not 0 <= min_effect < 1:
+        raise ValueError(f"min_effect must be a fraction in [0, 1) (0.05: 5%), got {min_effect!r}")
+    check_positive(width_scale, "width_scale", allow_none=False)
+    if width_scale > 1:
+        raise ValueError(f"width_scale must be at most 1 (0.5: intervals half as wide), got {width_scale!r}")
+    rows = _verdict_rows(summary)
+    wanted = set(rows) if keys is None else set(keys) & set(rows)
+    total, read, missing = 0.0, 0, 0
+    for key in wanted:
+        row = rows[key]
+        values = (row.get("speedup"), row.get("speedup_low"), row.get("speedup_high"))
+        if not all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in values):
+            missing += 1
+            continue
+        p = _chance_significant(*values, min_effect, width_scale)
+        total += 2 * p * (1 - p)
+        read += 1
+    return {
+        "rows": read,
+        "expected_flips": total,
+        "expected_flip_rate": total / read if read else 0.0,
+        "rows_without_interval": missing,
+    }
 
 
 def compare_summaries(first: dict, second: dict) -> dict:
@@ -72,6 +164,7 @@ def compare_summaries(first: dict, second: dict) -> dict:
             continue
         entry = {"notebook": key[0], "trick": key[1], "variant": key[2], "first": va, "second": vb}
         (direction if {ca, cb} == {"faster", "slower"} else significance).append(entry)
+    expected = [expected_significance_flips(doc, keys=shared)["expected_flip_rate"] for doc in (first, second)]
     return {
         "first_machine": first.get("machine_summary"),
         "second_machine": second.get("machine_summary"),
@@ -80,6 +173,8 @@ def compare_summaries(first: dict, second: dict) -> dict:
         "direction_flips": direction,
         "significance_flips": significance,
         "significance_flip_rate": len(significance) / len(shared) if shared else 0.0,
+        # From each run's own intervals: the rate that within-run noise alone would give (see above).
+        "expected_significance_flip_rate": {"first": expected[0], "second": expected[1]},
     }
 
 
@@ -92,6 +187,13 @@ def diff_markdown(report: dict) -> str:
         f"{report['rows_compared']} verdicts in both runs; {len(report['direction_flips'])} changed direction, "
         f"{len(report['significance_flips'])} changed significance; {report['only_in_one_run']} in one run only.",
     ]
+    expected = report.get("expected_significance_flip_rate")
+    if expected and report["rows_compared"]:
+        lines.append(
+            f"Significance changed for {report['significance_flip_rate']:.1%} of them; the noise inside one run alone "
+            f"would change about {expected['first']:.1%} (first run's intervals) or {expected['second']:.1%} "
+            "(second run's): more than that is noise between runs."
+        )
     for title, rows in (
         ("Direction changed", report["direction_flips"]),
         ("Significance changed", report["significance_flips"]),

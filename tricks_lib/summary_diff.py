@@ -20,6 +20,7 @@ import json
 import math
 from collections.abc import Iterable
 from pathlib import Path
+from statistics import NormalDist
 
 from tricks_lib._validate import check_positive
 from tricks_lib.formatting import markdown_cell
@@ -74,17 +75,8 @@ def _by_key(summary: dict) -> dict:
     return {key: (verdict_class(row["verdict"]), row["verdict"]) for key, row in _verdict_rows(summary).items()}
 
 
-def _normal_cdf(x: float) -> float:
-    return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
-
-
-# The two-sided normal quantile of CONFIDENCE (2.576 at 99%), by bisection: no SciPy needed for one number.
-def _normal_quantile(p: float) -> float:
-    lo, hi = -10.0, 10.0
-    for _ in range(100):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if _normal_cdf(mid) < p else (lo, mid)
-    return (lo + hi) / 2
+_NORMAL = NormalDist()
+_Z = _NORMAL.inv_cdf(0.5 + CONFIDENCE / 2)  # 2.576 at 99%: the interval's half-width in standard errors
 
 
 def _chance_significant(speedup: float, low: float, high: float, min_effect: float, width_scale: float) -> float:
@@ -94,13 +86,12 @@ def _chance_significant(speedup: float, low: float, high: float, min_effect: flo
     interval keeps this one's width and skew; both scale with ``width_scale``.
     """
     m, lo, hi = math.log(speedup), math.log(low), math.log(high)
-    z = _normal_quantile(0.5 + CONFIDENCE / 2)
     below, above = (m - lo) * width_scale, (hi - m) * width_scale
-    sigma = (below + above) / (2 * z)
+    sigma = (below + above) / (2 * _Z)
     edge = math.log1p(min_effect)
     if sigma <= 0:
         return 1.0 if (m - below >= edge or m + above <= -edge) else 0.0
-    return _normal_cdf((m - below - edge) / sigma) + _normal_cdf((-edge - above - m) / sigma)
+    return _NORMAL.cdf((m - below - edge) / sigma) + _NORMAL.cdf((-edge - above - m) / sigma)
 
 
 def expected_significance_flips(

@@ -118,4 +118,8 @@ def test_the_report_puts_the_expected_rate_beside_the_observed_one():
     report = summary_diff.compare_summaries(first, second)
     assert report["significance_flip_rate"] == 1.0
     assert 0.49 < report["expected_significance_flip_rate"]["first"] < 0.51
-    assert "noise inside one run alone would change about 50.0%" in summary_diff.diff_markdown(report)
+    assert report["rows_with_interval"] == {"first": 1, "second": 1}
+    assert 0.49 < report["expected_significance_flips"]["first"] < 0.51
+    assert "would change the significance of about 0.5 of the 1 rows with an interval" in summary_diff.diff_markdown(
+        report
+    )

@@ -10,8 +10,9 @@ change are told apart: a *direction* change (faster in one run, slower in the ot
 
 Significance changes are expected for rows near the threshold even when nothing but the noise inside
 a run acts: ``expected_significance_flips`` reads, from one run's own paired intervals, how many
-rows an independent rerun would flip that way. Observed changes well above that number come from
-noise *between* runs (state drawn once per process), which the intervals cannot see.
+rows an independent rerun would flip that way. Observed changes well above that number point to
+noise *between* runs (state a run draws once: its processes, the host's load), which the intervals
+cannot see.
 """
 
 from __future__ import annotations
@@ -155,7 +156,7 @@ def compare_summaries(first: dict, second: dict) -> dict:
             continue
         entry = {"notebook": key[0], "trick": key[1], "variant": key[2], "first": va, "second": vb}
         (direction if {ca, cb} == {"faster", "slower"} else significance).append(entry)
-    expected = [expected_significance_flips(doc, keys=shared)["expected_flip_rate"] for doc in (first, second)]
+    expected = [expected_significance_flips(doc, keys=shared) for doc in (first, second)]
     return {
         "first_machine": first.get("machine_summary"),
         "second_machine": second.get("machine_summary"),
@@ -164,8 +165,17 @@ def compare_summaries(first: dict, second: dict) -> dict:
         "direction_flips": direction,
         "significance_flips": significance,
         "significance_flip_rate": len(significance) / len(shared) if shared else 0.0,
-        # From each run's own intervals: the rate that within-run noise alone would give (see above).
-        "expected_significance_flip_rate": {"first": expected[0], "second": expected[1]},
+        # From each run's own intervals: what within-run noise alone would give (see above), over the
+        # shared rows that have an interval (text verdicts have none).
+        "expected_significance_flips": {
+            "first": expected[0]["expected_flips"],
+            "second": expected[1]["expected_flips"],
+        },
+        "rows_with_interval": {"first": expected[0]["rows"], "second": expected[1]["rows"]},
+        "expected_significance_flip_rate": {
+            "first": expected[0]["expected_flip_rate"],
+            "second": expected[1]["expected_flip_rate"],
+        },
     }
 
 
@@ -178,12 +188,13 @@ def diff_markdown(report: dict) -> str:
         f"{report['rows_compared']} verdicts in both runs; {len(report['direction_flips'])} changed direction, "
         f"{len(report['significance_flips'])} changed significance; {report['only_in_one_run']} in one run only.",
     ]
-    expected = report.get("expected_significance_flip_rate")
+    expected, with_interval = report.get("expected_significance_flips"), report.get("rows_with_interval")
     if expected and report["rows_compared"]:
+        # Counts, not rates: the prediction covers only the rows with an interval, the observed count all rows.
         lines.append(
-            f"Significance changed for {report['significance_flip_rate']:.1%} of them; the noise inside one run alone "
-            f"would change about {expected['first']:.1%} (first run's intervals) or {expected['second']:.1%} "
-            "(second run's): more than that is noise between runs."
+            f"The noise inside one run alone would change the significance of about {expected['first']:.1f} of the "
+            f"{with_interval['first']} rows with an interval (first run's intervals) or {expected['second']:.1f} of "
+            f"{with_interval['second']} (second run's); many more changes than that point to noise between runs."
         )
     for title, rows in (
         ("Direction changed", report["direction_flips"]),

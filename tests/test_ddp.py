@@ -100,3 +100,25 @@ def test_without_no_sync_every_micro_batch_all_reduces(ddp_accumulating, ddp_acc
     assert off.params_identical and off.buckets == on.buckets
     assert off.allreduce_calls == off.backward_passes * off.buckets == off.accumulation_steps * on.allreduce_calls
     assert off.allreduces_per_step == off.accumulation_steps * off.buckets
+
+
+def test_the_progress_bar_counts_the_steps_rank_0_finished(monkeypatch):
+    import io
+
+    from tqdm import tqdm
+
+    bars = []
+
+    def recording_bar(enabled, total, desc):
+        bars.append(tqdm(total=total, desc=desc, file=io.StringIO(), disable=not enabled))
+        return bars[-1] if enabled else None
+
+    monkeypatch.setattr("tricks_lib.ddp.optional_progress_bar", recording_bar)
+    launch_ddp(nproc=2, backend="gloo", steps=3, warmup_steps=1, batch_size=8, width=4, image_size=16,
+               timeout=120, progress=True)  # fmt: skip
+    assert [(b.total, b.n) for b in bars] == [(4, 4)]  # one warm-up step and three timed ones
+
+
+def test_progress_must_be_a_bool():
+    with pytest.raises(TypeError, match="progress"):
+        launch_ddp(progress=1)

@@ -35,7 +35,9 @@ from typing import ClassVar
 import numpy as np
 import torch
 
+from tricks_lib._validate import check_flag
 from tricks_lib.bench import Measurement, format_seconds
+from tricks_lib.progress import optional_progress_bar
 from tricks_lib.summary import SummaryRow
 
 __all__ = ["DDPResult", "main", "launch_ddp", "free_port"]
@@ -206,6 +208,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--image-size", type=int, default=32, help="height and width of the synthetic images")
     p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
     p.add_argument("--seed", type=int, default=0, help="base seed; rank r uses seed + r")
+    p.add_argument("--progress-file", default=None, help="rank 0 writes the steps done so far here")
     return p.parse_args(argv)
 
 
@@ -260,8 +263,13 @@ def main(argv: list[str] | None = None) -> None:
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
 
+        def report(done: int) -> None:  # outside the timed region: the launcher's progress bar reads it
+            if rank == 0 and args.progress_file:
+                Path(args.progress_file).write_text(str(done))
+
         for i in range(args.warmup_steps):
             step(images[i % n_batches], labels[i % n_batches])
+            report(i + 1)
         sync()
         bucket_ids.clear()  # count the timed steps only
         times, loss = [], torch.zeros((), device=device)
@@ -271,6 +279,7 @@ def main(argv: list[str] | None = None) -> None:
             loss = step(images[i % n_batches], labels[i % n_batches])
             sync()  # a CUDA step is done when the device is done
             times.append(time.perf_counter() - t0)
+            report(args.warmup_steps + i + 1)
         allreduce_calls = len(bucket_ids)
         buckets = len(set(bucket_ids))  # DDP may rebuild its buckets after the first step: count them here
 
@@ -322,6 +331,7 @@ def launch_ddp(
     seed: int = 0,
     threads_per_process: int | None = None,
     timeout: float = 180.0,
+    progress: bool = False,
 ) -> DDPResult:
     """Run ``main`` in ``nproc`` processes with torchrun (``sys.executable -m torch.distributed.run``).
 
@@ -334,12 +344,13 @@ def launch_ddp(
         threads_per_process: OMP_NUM_THREADS of each process; default the CPU cores available to
             this process divided by ``nproc`` (at least 1), so ranks do not oversubscribe the cores.
         timeout: seconds before the whole process group is terminated.
+        progress: show a progress bar over the steps (warm-up included) that rank 0 has finished.
 
     Returns:
         The ``DDPResult`` rank 0 wrote.
 
     Raises:
-        TypeError: ``no_sync`` is not a bool.
+        TypeError: ``no_sync`` or ``progress`` is not a bool.
         ValueError: for bad arguments (e.g. nccl without enough GPUs).
         TimeoutError: if the run exceeds ``timeout``.
         RuntimeError: if torchrun fails; the message ends with the tail of its output.
@@ -357,6 +368,7 @@ def launch_ddp(
             raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
     if not isinstance(no_sync, bool):
         raise TypeError(f"no_sync must be True or False, got {type(no_sync).__name__}")
+    check_flag(progress, "progress")
     if batch_size < accumulation_steps:
         raise ValueError(f"batch_size ({batch_size}) must be >= accumulation_steps ({accumulation_steps})")
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -376,7 +388,7 @@ def launch_ddp(
     if backend == "gloo":
         env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU run must not touch (or initialize) a GPU
     with tempfile.TemporaryDirectory(prefix="tricks_ddp_") as tmp:
-        out = Path(tmp) / "result.json"
+        out, steps_file = Path(tmp) / "result.json", Path(tmp) / "steps_done"
         cmd = [
             sys.executable, "-m", "torch.distributed.run",
             f"--nproc-per-node={nproc}", "--nnodes=1",
@@ -384,24 +396,47 @@ def launch_ddp(
             "-m", "tricks_lib.ddp",
             f"--out={out}", f"--backend={backend}", f"--steps={steps}", f"--warmup-steps={warmup_steps}",
             f"--batch-size={batch_size}", f"--accumulation-steps={accumulation_steps}",
-            f"--width={width}", f"--image-size={image_size}", f"--seed={seed}",
+            f"--width={width}", f"--image-size={image_size}", f"--seed={seed}", f"--progress-file={steps_file}",
         ] + ([] if no_sync else ["--sync-every-micro-batch"])  # fmt: skip
         # A new session, so a timeout can stop torchrun *and* its workers (one process group).
         proc = subprocess.Popen(
             cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
         )
+        bar = optional_progress_bar(progress, warmup_steps + steps, f"DDP: {nproc} ranks, steps of rank 0")
         try:
-            output, _ = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _stop_group(proc)
-            msg = f"DDP run exceeded {timeout:.0f} s and was stopped; raise timeout or lower steps"
-            raise TimeoutError(msg) from None
+            output = _wait(proc, timeout, steps_file, bar)
+        finally:
+            if bar is not None:
+                bar.close()
         if proc.returncode != 0 or not out.exists():
             tail = output[-3000:].replace(tmp, "<tmp>")
             raise RuntimeError(f"torchrun exited with code {proc.returncode}; output tail:\n{tail}")
         data = json.loads(out.read_text())
     data["step_times"] = tuple(data["step_times"])
     return DDPResult(**data)
+
+
+def _wait(proc: subprocess.Popen, timeout: float, steps_file: Path, bar) -> str:
+    """``proc``'s output once it exits, moving ``bar`` (if any) to the steps rank 0 reports meanwhile."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = max(deadline - time.monotonic(), 0.0)
+        try:
+            # Without a bar, one wait for the whole timeout; with one, wake twice a second to move it.
+            output = proc.communicate(timeout=left if bar is None else min(0.5, left))[0]
+        except subprocess.TimeoutExpired:
+            if time.monotonic() >= deadline:
+                _stop_group(proc)
+                msg = f"DDP run exceeded {timeout:.0f} s and was stopped; raise timeout or lower steps"
+                raise TimeoutError(msg) from None
+            output = None
+        if bar is not None:
+            try:
+                bar.update(int(steps_file.read_text()) - bar.n)
+            except (OSError, ValueError):  # not written yet, or caught mid-write
+                pass
+        if output is not None:
+            return output
 
 
 def _stop_group(proc: subprocess.Popen) -> None:

@@ -366,8 +366,7 @@ def launch_ddp(
     ]:
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-    if not isinstance(no_sync, bool):
-        raise TypeError(f"no_sync must be True or False, got {type(no_sync).__name__}")
+    check_flag(no_sync, "no_sync")
     check_flag(progress, "progress")
     if batch_size < accumulation_steps:
         raise ValueError(f"batch_size ({batch_size}) must be >= accumulation_steps ({accumulation_steps})")
@@ -396,8 +395,10 @@ def launch_ddp(
             "-m", "tricks_lib.ddp",
             f"--out={out}", f"--backend={backend}", f"--steps={steps}", f"--warmup-steps={warmup_steps}",
             f"--batch-size={batch_size}", f"--accumulation-steps={accumulation_steps}",
-            f"--width={width}", f"--image-size={image_size}", f"--seed={seed}", f"--progress-file={steps_file}",
+            f"--width={width}", f"--image-size={image_size}", f"--seed={seed}",
         ] + ([] if no_sync else ["--sync-every-micro-batch"])  # fmt: skip
+        if progress:  # else rank 0 writes no step counts: nobody reads them
+            cmd.append(f"--progress-file={steps_file}")
         # A new session, so a timeout can stop torchrun *and* its workers (one process group).
         proc = subprocess.Popen(
             cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True

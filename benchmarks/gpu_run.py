@@ -110,7 +110,7 @@ def device_slug(stamp: dict) -> str:
 
 
 def _run_phase(paths, out: Path, *, quick: bool, deadline: float, cell_timeout: int) -> list:
-    from tricks_lib.runner import run_notebooks, write_summary
+    from tricks_lib.report.runner import run_notebooks, write_summary
 
     runs = []
     for path in paths:
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("TRICKS_DEVICE") != "cpu":
             print("error: a dry run needs TRICKS_DEVICE=cpu, so that no notebook looks for a GPU", file=sys.stderr)
             return 2
-    from tricks_lib.runner import find_notebooks
+    from tricks_lib.report.notebook_source import find_notebooks
 
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = machine_stamp()

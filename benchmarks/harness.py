@@ -13,9 +13,9 @@ import statistics
 import torch
 from torch.utils.benchmark import Timer
 
-from tricks_lib.bench import measure
 from tricks_lib.env import describe, pick_device
 from tricks_lib.timed_blocks import make_timer, run_block
+from tricks_lib.timing import measure
 
 
 def overhead():

@@ -3,7 +3,7 @@
     python benchmarks/jpeg_pipeline.py [--quick]
 
 1. Single-core decode rates of the same 256 px JPEGs (simplejpeg, OpenCV + BGR->RGB, PIL), in
-   interleaved rounds (tricks_lib.bench.compare).
+   interleaved rounds (tricks_lib.compare).
 2. One epoch per call from each pipeline, interleaved with the one-core decode and with two
    independent processes that only decode (the ceiling this machine allows right now): PIL per item
    with the default collation, simplejpeg per item, batches decoded in the workers into fresh
@@ -105,7 +105,7 @@ def main(argv):
     import cv2
     import simplejpeg
 
-    from tricks_lib.bench import compare
+    from tricks_lib.comparing import compare
     from tricks_lib.data.images import encode_image, render_photos
     from tricks_lib.data.jpeg_pipeline import JpegBatchDataset, JpegLoader, limit_worker_threads, pipeline_efficiency
     from tricks_lib.env import describe

@@ -4,7 +4,7 @@
 
 Builds SHARDS shards of 1,000 samples (two fields each: a small payload and a label; construction
 reads headers, not data, so the payload size barely matters) and times constructing the dataset in
-interleaved rounds (tricks_lib.bench.compare, order shuffled per round):
+interleaved rounds (tricks_lib.compare, order shuffled per round):
 
 - "every header": ``index_files=False``, every header read and checked (the cost before index files);
 - "index files": each shard's index from its index file, checked against the shard (warm cache);
@@ -37,9 +37,10 @@ def make_samples(n: int) -> list[dict]:
 
 
 def main(argv: list[str]) -> int:
-    from tricks_lib.bench import compare
+    from tricks_lib.comparing import compare
     from tricks_lib.data.cache import drop_from_page_cache, evict_from_page_cache
-    from tricks_lib.data.shards import TarShardDataset, index_file_path, write_tar_shards
+    from tricks_lib.data.shard_index import index_file_path
+    from tricks_lib.data.shards import TarShardDataset, write_tar_shards
 
     quick = "--quick" in argv
     shards_count = 10 if quick else 50

@@ -3,7 +3,7 @@
     python benchmarks/tar_reader.py [--quick]
 
 Raw bytes, no decoding: the reader's own cost. Three parts, each after a check that every reader
-returns the same samples, each timed in interleaved rounds (tricks_lib.bench.compare, shuffled order
+returns the same samples, each timed in interleaved rounds (tricks_lib.compare, shuffled order
 per round):
 
 - warm page cache, samples of about 1 KiB, 18 KiB and 200 KiB: every reader in the main process;
@@ -71,7 +71,7 @@ def run_case(label: str, size: int, count: int, quick: bool) -> dict:
     """One sample size: check that the readers agree, then time them interleaved."""
     import webdataset as wds
 
-    from tricks_lib.bench import compare
+    from tricks_lib.comparing import compare
     from tricks_lib.data import TarShardDataset, index_tar_shard, write_tar_shards
 
     samples = make_samples(count, size)
@@ -156,7 +156,7 @@ def run_loader_case(label: str, size: int, count: int, quick: bool) -> dict:
     import webdataset as wds
     from torch.utils.data import DataLoader
 
-    from tricks_lib.bench import compare
+    from tricks_lib.comparing import compare
     from tricks_lib.data import TarShardDataset, write_tar_shards
 
     samples = make_samples(count, size)
@@ -222,7 +222,7 @@ def run_loader_case(label: str, size: int, count: int, quick: bool) -> dict:
 
 def run_cold_case(label: str, size: int, count: int, quick: bool) -> dict:
     """Cold page cache: the tar reader against f.read() of each whole shard, both after the same drop."""
-    from tricks_lib.bench import compare
+    from tricks_lib.comparing import compare
     from tricks_lib.data import TarShardDataset, drop_from_page_cache, evict_from_page_cache, write_tar_shards
 
     samples = make_samples(count, size)

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 # The logic lives in the package (``python -m tricks_lib diff`` prints it as Markdown); this prints JSON.
-from tricks_lib.summary_diff import compare_summaries, expected_significance_flips
+from tricks_lib.report.summary_diff import compare_summaries, expected_significance_flips
 
 ROUNDS_AND_WIDTHS = {"as run": 1.0, "4x the rounds": 1 / 2, "9x the rounds": 1 / 3}  # width ~ 1/sqrt(rounds)
 

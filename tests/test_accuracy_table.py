@@ -1,10 +1,10 @@
-"""tricks_lib.accuracy_table: lossy variants' accuracy, error and size against one fp32 reference."""
+"""tricks_lib.inference.accuracy_table: lossy variants' accuracy, error and size against one fp32 reference."""
 
 import pytest
 import torch
 
-from tricks_lib.accuracy_table import AccuracyCost, AccuracyTable
-from tricks_lib.inference import output_error
+from tricks_lib.inference.accuracy_table import AccuracyCost, AccuracyTable
+from tricks_lib.inference.conversions import output_error
 
 
 def test_rows_read_against_the_reference():

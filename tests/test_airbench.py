@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from tricks_lib.airbench import AIRBENCH94_WIDTHS, airbench94_parameter_count, init_whitening, make_airbench94
-from tricks_lib.models import count_parameters
+from tricks_lib.ladder.airbench import AIRBENCH94_WIDTHS, airbench94_parameter_count, init_whitening, make_airbench94
+from tricks_lib.training.models import count_parameters
 
 
 def published_airbench94_count():
@@ -85,7 +85,7 @@ def test_bad_arguments():
 
 
 def test_record_comparison_shows_time_only_for_the_records_task():
-    from tricks_lib.airbench import PublishedRecord, RecordComparison
+    from tricks_lib.ladder.airbench import PublishedRecord, RecordComparison
 
     airbench = PublishedRecord("airbench94", seconds=4.0, gpu="A100", train_images=400_000)
     myrtle = PublishedRecord("Myrtle.ai", seconds=26.0, gpu="V100")

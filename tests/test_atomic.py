@@ -11,7 +11,7 @@ from tricks_lib._atomic import temporary_path_for, write_bytes_atomic
 
 
 def test_a_full_disk_during_a_notebook_refresh_keeps_the_stored_notebook(tmp_path, monkeypatch):
-    from tricks_lib.runner import _write_notebook
+    from tricks_lib.report.runner import _write_notebook
 
     stored = tmp_path / "00_x.ipynb"
     old = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1 + 1")])

@@ -1,11 +1,11 @@
-"""Tests for tricks_lib.batch_size: the largest batch that fits a memory budget."""
+"""Tests for tricks_lib.training.batch_size: the largest batch that fits a memory budget."""
 
 import pytest
 import torch
 import torch.nn as nn
 
-from tricks_lib.batch_size import BatchProbe, BatchSearch, largest_batch
 from tricks_lib.memory import measure_memory
+from tricks_lib.training.batch_size import BatchProbe, BatchSearch, largest_batch
 
 WIDTH = 16
 BYTES_PER_SAMPLE = WIDTH * 4  # relu saves its float32 output: one row of WIDTH floats per sample

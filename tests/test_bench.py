@@ -1,4 +1,4 @@
-"""tricks_lib.bench: known costs, interleaving, significance, and argument errors."""
+"""tricks_lib: known costs, interleaving, significance, and argument errors."""
 
 import math
 import re
@@ -7,8 +7,11 @@ import time
 import pytest
 import torch
 
-from tricks_lib.bench import Comparison, Measurement, compare, format_seconds, measure, time_first_call
+from tricks_lib.comparing import compare
+from tricks_lib.formatting import format_seconds
+from tricks_lib.measurements import Comparison, Measurement
 from tricks_lib.stats import median_interval
+from tricks_lib.timing import measure, time_first_call
 
 
 def busy(seconds):
@@ -549,7 +552,7 @@ def test_a_call_too_slow_for_thirty_rounds_in_the_cap_stays_at_the_floor():
 
 
 def test_progress_bar_passes_every_item_through_and_draws_nothing_when_turned_off(monkeypatch, capsys):
-    from tricks_lib.timing import progress_bar
+    from tricks_lib.progress import progress_bar
 
     monkeypatch.setenv("TRICKS_PROGRESS", "0")
     assert list(progress_bar(range(5), desc="five")) == [0, 1, 2, 3, 4]

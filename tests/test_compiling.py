@@ -5,13 +5,11 @@ import os
 import pytest
 import torch
 
-from tricks_lib.compiling import (
-    CompileCost,
-    compile_cost,
+from tricks_lib.compiling import CompileCost, compile_cost, fresh_compile_cache
+from tricks_lib.inference.compiled import (
     compile_frozen,
     compiled_source,
     export_for_fresh_processes,
-    fresh_compile_cache,
     frozen_parameters,
 )
 

@@ -20,16 +20,9 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 from tricks_lib.data import shards as shards_mod
-from tricks_lib.data.shards import (
-    ShardError,
-    TarShardDataset,
-    find_shards,
-    index_file_path,
-    index_tar_shard,
-    load_shard_index,
-    write_index_file,
-    write_tar_shards,
-)
+from tricks_lib.data.shard_index import index_file_path, index_tar_shard, load_shard_index, write_index_file
+from tricks_lib.data.shards import TarShardDataset, find_shards, write_tar_shards
+from tricks_lib.data.tar_format import ShardError
 
 
 def make(n, payload=b"x"):

@@ -1,10 +1,10 @@
-"""Tests for tricks_lib.ddp: a real 2-process gloo run launched with torchrun through sys.executable."""
+"""Tests for tricks_lib.training.ddp: a real 2-process gloo run launched with torchrun through sys.executable."""
 
 import pytest
 import torch
 
-from tricks_lib.bench import Measurement
-from tricks_lib.ddp import DDPResult, free_port, launch_ddp
+from tricks_lib.measurements import Measurement
+from tricks_lib.training.ddp import DDPResult, free_port, launch_ddp
 
 pytestmark = pytest.mark.slow  # every test here launches processes
 
@@ -114,7 +114,7 @@ def test_the_progress_bar_counts_the_steps_rank_0_finished(monkeypatch):
         bars.append(tqdm(total=total, desc=desc, file=io.StringIO()))
         return bars[-1]
 
-    monkeypatch.setattr("tricks_lib.ddp.optional_progress_bar", recording_bar)
+    monkeypatch.setattr("tricks_lib.training.ddp.optional_progress_bar", recording_bar)
     launch_ddp(nproc=2, backend="gloo", steps=3, warmup_steps=1, batch_size=8, width=4, image_size=16,
                timeout=120, progress=True)  # fmt: skip
     assert [(b.total, b.n) for b in bars] == [(4, 4)]  # one warm-up step and three timed ones

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tricks_lib.distill import distillation_loss, paired_gain_verdict
+from tricks_lib.design.distill import distillation_loss, paired_gain_verdict
 
 
 def _logits(seed=0):
@@ -97,7 +97,7 @@ def test_paired_gain_verdict_validates():
 
 
 def test_distillation_gains_read_each_scenario_from_paired_seeds():
-    from tricks_lib.distill import distillation_gains
+    from tricks_lib.design.distill import distillation_gains
 
     acc = {
         "teacher": [0.95, 0.96, 0.94],

@@ -64,7 +64,7 @@ def test_import_changes_no_global_state():
         "import torch, random; s = torch.initial_seed(); r = random.getstate(); "
         "d = torch.are_deterministic_algorithms_enabled(); b = torch.backends.cudnn.benchmark; "
         "import matplotlib; rc = dict(matplotlib.rcParams); "
-        "import tricks_lib, tricks_lib.runner; "
+        "import tricks_lib, tricks_lib.report.runner; "
         "assert torch.initial_seed() == s and random.getstate() == r; "
         "assert torch.are_deterministic_algorithms_enabled() == d and torch.backends.cudnn.benchmark == b; "
         "assert dict(matplotlib.rcParams) == rc; print('ok')"

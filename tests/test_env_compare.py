@@ -2,7 +2,7 @@
 
 import pytest
 
-from tricks_lib.env_compare import (
+from tricks_lib.inference.env_compare import (
     EnvironmentComparison,
     allocator_environments,
     compare_environments,
@@ -60,7 +60,7 @@ def test_caption_gives_each_workers_threads():
 
 
 def test_allocator_environments_name_what_is_missing(monkeypatch):
-    import tricks_lib.env_compare as env_compare
+    import tricks_lib.inference.env_compare as env_compare
 
     monkeypatch.setattr(env_compare, "find_shared_library", lambda name: None if "jemalloc" in name else f"/lib/{name}")
     environments, missing = allocator_environments()

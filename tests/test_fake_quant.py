@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from tricks_lib.fake_quant import fake_quantize, fake_quantize_weights, weight_levels
+from tricks_lib.inference.fake_quant import fake_quantize, fake_quantize_weights, weight_levels
 
 
 @pytest.mark.parametrize(("bits", "levels"), [(1, 2), (2, 3), (4, 15), (8, 255)])

@@ -4,7 +4,12 @@ import pytest
 import torch
 from torch import nn
 
-from tricks_lib.flops import conv1x1_memory_access_cost, conv_memory_access_cost, count_flops, count_memory_access
+from tricks_lib.design.flops import (
+    conv1x1_memory_access_cost,
+    conv_memory_access_cost,
+    count_flops,
+    count_memory_access,
+)
 
 
 def test_conv_flops_are_two_per_multiply_add():
@@ -93,7 +98,7 @@ def known_comparison(costs, baseline):
 
 
 def test_rank_by_flops_reads_every_pair_in_flop_order():
-    from tricks_lib.flops import rank_by_flops
+    from tricks_lib.design.flops import rank_by_flops
 
     # FLOPs order a < b < c < d; times: a is slower than b (misranked), c and d tie (unresolved).
     cmp_ = known_comparison({"a": 3e-3, "b": 2e-3, "c": 4e-3, "d": 4.01e-3}, "a")

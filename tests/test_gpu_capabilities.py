@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tricks_lib import env
-from tricks_lib.training import autocast_dtype
+from tricks_lib.training.steps import autocast_dtype
 
 GPUS = {
     # name: (compute capability, memory bytes, fp16 tensor cores, bf16 native, tf32)

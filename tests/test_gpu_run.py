@@ -21,7 +21,7 @@ import gpu_run  # noqa: E402
 def _notebooks(folder: Path) -> Path:
     folder.mkdir()
     for name, code in {
-        "10_fast": "from tricks_lib.bench import measure\nfrom tricks_lib.results import record\n"
+        "10_fast": "from tricks_lib import measure\nfrom tricks_lib.report.results import record\n"
         "record('noop', measure(lambda: None, min_run_time=0.01, device='cpu'))",
         "20_device": "from tricks_lib.env import pick_device\nassert pick_device().type == 'cpu'",
     }.items():

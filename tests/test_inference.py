@@ -6,8 +6,14 @@ import pytest
 import torch
 from torch import nn
 
-from tricks_lib.inference import count_modules, fuse_conv_bn, output_error, reparameterize, serialized_size
-from tricks_lib.repvgg import RepVGGBlock
+from tricks_lib.inference.conversions import (
+    count_modules,
+    fuse_conv_bn,
+    output_error,
+    reparameterize,
+    serialized_size,
+)
+from tricks_lib.inference.repvgg import RepVGGBlock
 
 
 class _Residual(nn.Module):

@@ -10,7 +10,7 @@ import simplejpeg
 import torch
 from PIL import Image
 
-from tricks_lib.bench import compare
+from tricks_lib.comparing import compare
 from tricks_lib.data.images import encode_image, render_photos
 from tricks_lib.data.jpeg_pipeline import (
     BatchRequest,

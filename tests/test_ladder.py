@@ -3,21 +3,10 @@ import dataclasses
 import pytest
 import torch
 
-from tricks_lib.ladder import (
-    ImageData,
-    Ladder,
-    LadderConfig,
-    Rung,
-    RungResult,
-    TargetTrace,
-    TrainingRun,
-    _cumulative,
-    augment_batch,
-    lr_factor,
-    run_ladder,
-    run_to_target,
-    train_to_target,
-)
+from tricks_lib.ladder.config import LadderConfig, TargetTrace, TrainingRun
+from tricks_lib.ladder.images import ImageData, augment_batch
+from tricks_lib.ladder.results import Ladder, Rung, RungResult
+from tricks_lib.ladder.run import _cumulative, lr_factor, run_ladder, run_to_target, train_to_target
 
 
 def fake_run(accuracies, target, seconds_per_epoch=1.0, seed=0):
@@ -200,7 +189,7 @@ def test_rung_adding_names_the_change_and_rejects_unknown_fields():
 
 
 def test_unsupported_rungs_are_skipped_with_the_reason():
-    from tricks_lib.ladder import _skip_reasons, unsupported_reason
+    from tricks_lib.ladder.run import _skip_reasons, unsupported_reason
 
     assert unsupported_reason({"autocast_dtype": torch.float16}, "cpu").startswith("CUDA only")
     assert unsupported_reason({"autocast_dtype": torch.bfloat16}, "cpu") is None  # CPU autocast's own type

@@ -4,7 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from tricks_lib.memory import MemoryReport, format_bytes, measure_memory, model_state_bytes
+from tricks_lib.formatting import format_bytes
+from tricks_lib.memory import MemoryReport, measure_memory, model_state_bytes
 
 
 def linear_relu_chain(n, width=1024):

@@ -1,10 +1,10 @@
-"""Tests for tricks_lib.models: output shapes, argument checks, and the conv-bias-before-BN removal."""
+"""Tests for tricks_lib.training.models: output shapes, argument checks, and the conv-bias-before-BN removal."""
 
 import pytest
 import torch
 from torch import nn
 
-from tricks_lib.models import MLP, ResNet, SmallCNN, count_parameters, drop_conv_bias_before_bn
+from tricks_lib.training.models import MLP, ResNet, SmallCNN, count_parameters, drop_conv_bias_before_bn
 
 
 @pytest.mark.parametrize(

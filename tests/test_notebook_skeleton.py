@@ -45,7 +45,7 @@ def test_notebook_skeleton(path):
     assert headings[-2:] == ["## Verdicts on this machine", "## Exercises"], headings[-3:]
     verdict_at = next(i for i, c in enumerate(cells) if source(c).startswith("## Verdicts on this machine"))
     assert any("VerdictTable(" in source(c) for c in cells[verdict_at:] if c["cell_type"] == "code"), (
-        "the verdicts section builds its table with tricks_lib.verdicts.VerdictTable"
+        "the verdicts section builds its table with tricks_lib.report.verdicts.VerdictTable"
     )
 
 

@@ -66,7 +66,7 @@ def test_readme_lists_every_notebook_with_a_colab_badge():
 def test_stored_notebook_has_outputs_of_a_real_run(path):
     import nbformat
 
-    from tricks_lib.runner import hygiene_problems
+    from tricks_lib.report.notebook_source import hygiene_problems
 
     nb = nbformat.read(path, as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]

@@ -1,4 +1,4 @@
-"""tricks_lib.phases: phase_split's two readings on phases of known durations, phase_shift, argument errors."""
+"""tricks_lib.profiling.phases: phase_split's two readings on phases of known durations, phase_shift, argument errors."""
 
 import itertools
 import time
@@ -6,8 +6,15 @@ import time
 import pytest
 import torch
 
-from tricks_lib.phases import WAIT_PHASE, PhaseShift, PhaseSplit, phase_shift, phase_split, plot_phase_shares
-from tricks_lib.results import record
+from tricks_lib.profiling.phases import (
+    WAIT_PHASE,
+    PhaseShift,
+    PhaseSplit,
+    phase_shift,
+    phase_split,
+    plot_phase_shares,
+)
+from tricks_lib.report.results import record
 
 # A loader taking 20 ms per batch; a step of copy 5 ms, forward 10 ms, backward 15 ms.
 DURATIONS = {WAIT_PHASE: 0.02, "copy": 0.005, "forward": 0.01, "backward": 0.015}
@@ -59,7 +66,7 @@ def test_the_readings_are_independent_clocks(monkeypatch):
     # A timer that gains 10 ms per read bills 10 ms too much to each phase: the profiler must disagree.
     reads = itertools.count()
     monkeypatch.setattr(
-        "tricks_lib.phases._synced_timer", lambda device: lambda: time.perf_counter() + 0.01 * next(reads)
+        "tricks_lib.profiling.phases._synced_timer", lambda device: lambda: time.perf_counter() + 0.01 * next(reads)
     )
     split = phase_split(sleepy_loader(4), known_phases([]), steps=3, device="cpu")
     assert split.disagreement > 0.05 and split.least_margin_s < -0.005
@@ -135,7 +142,9 @@ def test_progress_bar_counts_every_step(monkeypatch):
         def close(self):
             updates.append("closed")
 
-    monkeypatch.setattr("tricks_lib.phases._progress_bar", lambda enabled, total, desc: Bar() if enabled else None)
+    monkeypatch.setattr(
+        "tricks_lib.profiling.phases._progress_bar", lambda enabled, total, desc: Bar() if enabled else None
+    )
     phase_split(range(4), {"step": lambda b: b}, steps=3, device="cpu", progress=True)
     assert updates == [1, 1, 1, 1, "closed"]  # the warm-up step too, then closed
 

@@ -9,7 +9,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from tricks_lib.bench import compare  # noqa: E402
+from tricks_lib.comparing import compare  # noqa: E402
 from tricks_lib.plot import _time_scale, metric_vs_size, speedup_bars  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""tricks_lib.profiling: step_split's timers on known durations, the jitter dataset, argument errors."""
+"""tricks_lib.profiling.profiler: step_split's timers on known durations, the jitter dataset, argument errors."""
 
 import re
 import subprocess
@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from tricks_lib.profiling import (
+from tricks_lib.profiling.profiler import (
     JITTER_SCRIPT,
     PixelJitterDataset,
     StepSplit,
@@ -17,7 +17,7 @@ from tricks_lib.profiling import (
     step_split,
     without_local_paths,
 )
-from tricks_lib.results import record
+from tricks_lib.report.results import record
 
 WAIT_S, STEP_S = 0.03, 0.01  # a loader that takes 30 ms per batch, a step that takes 10 ms
 SHARE_TOLERANCE = 0.1  # sleeps overshoot on a busy machine: shares within 10 percentage points

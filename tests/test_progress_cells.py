@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tricks_lib.run_times import LEDGER_NAME
+from tricks_lib.report.run_times import LEDGER_NAME
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 LONG_CELL_SECONDS = 20.0

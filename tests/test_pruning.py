@@ -4,8 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from tricks_lib.models import SmallCNN, count_parameters
-from tricks_lib.pruning import kept_channel_counts, prune_conv_channels
+from tricks_lib.design.pruning import kept_channel_counts, prune_conv_channels
+from tricks_lib.training.models import SmallCNN, count_parameters
 
 
 def _params_of_small_cnn(widths, in_channels, classes):
@@ -57,7 +57,7 @@ def test_fraction_zero_is_a_copy_and_bad_fractions_raise():
 
 
 def test_magnitude_prune_zeroes_the_smallest_weights_and_keeps_shapes():
-    from tricks_lib.pruning import SparsitySweep, magnitude_prune
+    from tricks_lib.design.pruning import SparsitySweep, magnitude_prune
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.Flatten(), nn.Linear(4 * 6 * 6, 10))

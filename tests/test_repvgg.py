@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from tricks_lib.repvgg import RepVGGBlock
+from tricks_lib.inference.repvgg import RepVGGBlock
 
 
 @pytest.mark.parametrize(("c_in", "c_out", "stride"), [(4, 4, 1), (4, 6, 1), (4, 4, 2)])

@@ -1,13 +1,14 @@
-"""tricks_lib.results: records, the JSON-lines file the main command reads, and errors."""
+"""tricks_lib.report.results: records, the JSON-lines file the main command reads, and errors."""
 
 import json
 
 import pytest
 import torch
 
-from tricks_lib.bench import compare, measure
+from tricks_lib.comparing import compare
 from tricks_lib.memory import measure_memory
-from tricks_lib.results import Record, load_records, record
+from tricks_lib.report.results import Record, load_records, record
+from tricks_lib.timing import measure
 
 
 def test_record_without_main_command_writes_nothing(monkeypatch, tmp_path):

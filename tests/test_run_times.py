@@ -1,4 +1,4 @@
-"""The run-time ledger and the title cell's run-time line (tricks_lib.run_times)."""
+"""The run-time ledger and the title cell's run-time line (tricks_lib.report.run_times)."""
 
 import json
 
@@ -7,7 +7,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from tricks_lib.formatting import format_seconds
-from tricks_lib.run_times import LEDGER_NAME, MARKER, record_run_time, run_time_line, stamp_run_time
+from tricks_lib.report.run_times import LEDGER_NAME, MARKER, record_run_time, run_time_line, stamp_run_time
 
 
 def test_the_line_reads_what_was_recorded_per_mode(tmp_path):
@@ -39,7 +39,8 @@ def test_stamping_replaces_the_earlier_line_and_keeps_the_title():
 
 @pytest.mark.slow
 def test_refresh_writes_the_recorded_time_into_the_title_cell(tmp_path):
-    from tricks_lib.runner import find_notebooks, run_notebooks
+    from tricks_lib.report.notebook_source import find_notebooks
+    from tricks_lib.report.runner import run_notebooks
 
     folder = tmp_path / "nbs"
     folder.mkdir()
@@ -59,7 +60,7 @@ def test_refresh_writes_the_recorded_time_into_the_title_cell(tmp_path):
 
 
 def test_cell_times_are_kept_for_the_next_progress_bar(tmp_path):
-    from tricks_lib.run_times import recorded_cell_seconds
+    from tricks_lib.report.run_times import recorded_cell_seconds
 
     record_run_time(tmp_path, "01_data", quick=False, seconds=100.0, machine="m", cells=[0.5, 90.0, 9.5])
     assert recorded_cell_seconds(tmp_path, "01_data", quick=False, cells=3) == [0.5, 90.0, 9.5]

@@ -8,14 +8,8 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 from test_summary_html import parse_page
 
 from tricks_lib.__main__ import main
-from tricks_lib.runner import (
-    NotebookSource,
-    find_notebooks,
-    hygiene_problems,
-    locate_notebooks,
-    run_notebooks,
-    write_summary,
-)
+from tricks_lib.report.notebook_source import NotebookSource, find_notebooks, hygiene_problems, locate_notebooks
+from tricks_lib.report.runner import run_notebooks, write_summary
 
 KERNELSPEC = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
 
@@ -31,7 +25,7 @@ def notebooks(tmp_path):
     folder.mkdir()
     write_nb(
         folder / "10_ok.ipynb",
-        "from tricks_lib.env import quick_mode\nfrom tricks_lib.bench import measure\nfrom tricks_lib.results import record",
+        "from tricks_lib.env import quick_mode\nfrom tricks_lib import measure\nfrom tricks_lib.report.results import record",
         "record('noop', measure(lambda: None, min_run_time=0.01, device='cpu'))\nquick_mode()",
     )
     write_nb(
@@ -86,8 +80,8 @@ def test_kernels_start_with_cublas_configured_for_determinism(notebooks, tmp_pat
 
 def test_summary_shows_compile_costs(tmp_path, monkeypatch):
     from tricks_lib.compiling import CompileCost
-    from tricks_lib.results import record
-    from tricks_lib.runner import NotebookRun
+    from tricks_lib.report.results import record
+    from tricks_lib.report.runner import NotebookRun
 
     monkeypatch.setenv("TRICKS_RESULTS", str(tmp_path / "records.jsonl"))
     cost = CompileCost(9.0, 2.0, 1.5, 12.0, 5.0, compiled=lambda: None, namespace={"DEVICE": "cpu"})
@@ -231,7 +225,7 @@ def test_run_help_describes_the_command(capsys):
 def test_stored_notebooks_carry_the_standard_kernelspec():
     from pathlib import Path
 
-    from tricks_lib.runner import STANDARD_KERNELSPEC
+    from tricks_lib.report.runner import STANDARD_KERNELSPEC
 
     for path in sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb")):
         assert json.loads(path.read_text())["metadata"]["kernelspec"] == STANDARD_KERNELSPEC, path.name
@@ -240,7 +234,7 @@ def test_stored_notebooks_carry_the_standard_kernelspec():
 def test_without_the_run_extra_the_main_command_names_the_install(notebooks, tmp_path, capsys, monkeypatch):
     import sys
 
-    monkeypatch.delitem(sys.modules, "tricks_lib.runner")
+    monkeypatch.delitem(sys.modules, "tricks_lib.report.runner")
     monkeypatch.setitem(sys.modules, "nbformat", None)  # as on a core install: no Jupyter stack
     assert main(["run", "--notebooks", str(notebooks), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
@@ -255,7 +249,7 @@ def test_describe_prints_cpu_flags_readably(capsys):
 
 def _as_an_installed_package(monkeypatch, shipped):
     """This process's tricks_lib, seen as a wheel install that ships ``shipped`` (no checkout around it)."""
-    import tricks_lib.notebook_source as source
+    import tricks_lib.report.notebook_source as source
 
     monkeypatch.setattr(source, "_checkout_notebook_dir", lambda: None)
     monkeypatch.setattr(source, "shipped_notebook_dir", lambda: shipped.resolve())

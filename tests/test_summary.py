@@ -4,20 +4,21 @@ import json
 
 import pytest
 
-from tricks_lib.batch_size import BatchProbe, BatchSearch
 from tricks_lib.compiling import CompileCost
-from tricks_lib.ddp import DDPResult
 from tricks_lib.env import describe
 from tricks_lib.measurements import Comparison, ComparisonRow, Measurement
 from tricks_lib.memory import MemoryReport
-from tricks_lib.results import load_records, record
-from tricks_lib.summary import SUMMARY_ROW_KEYS, NotebookStatus, write_summary_files
+from tricks_lib.report.results import load_records, record
+from tricks_lib.report.summary import SUMMARY_ROW_KEYS, NotebookStatus, write_summary_files
+from tricks_lib.training.batch_size import BatchProbe, BatchSearch
+from tricks_lib.training.ddp import DDPResult
 
 # The schema readers' scripts rely on: change it on purpose, here and in the README, or not at all.
 PINNED_KEYS = (
     "notebook",
     "trick",
     "kind",
+    "record",
     "variant",
     "device",
     "median_s",
@@ -32,6 +33,7 @@ PINNED_KEYS = (
     "speedup_low",
     "speedup_high",
     "significant",
+    "outcome",
 )
 
 
@@ -119,6 +121,9 @@ def test_every_result_type_reaches_both_summary_files(monkeypatch, tmp_path):
     # The paired interval and significance reach the row (the HTML page plots them); not for the baseline.
     assert (fast["speedup_low"], fast["speedup_high"], fast["significant"]) == (1.9, 2.1, True)
     assert (step["speedup_low"], step["speedup_high"], step["significant"]) == (None, None, None)
+    assert (step["outcome"], fast["outcome"]) == ("baseline", "faster")
+    assert {r["record"] for r in by_trick["comparison"]} == {1}  # one record's rows share its number
+    assert all(r["outcome"] is None for r in rows if r["kind"] != "comparison")
     assert {r["kind"] for r in rows} == set(results) and all(r["kind"] == r["trick"] for r in rows)
     assert [r["median_s"] for r in by_trick["compile"]] == [9.0, 0.7, 1.0]
     assert by_trick["batch search"][0]["verdict"].startswith("batch 64 within 1.00 MiB")
@@ -154,34 +159,24 @@ def test_a_noisy_time_is_flagged_in_both_summary_files(tmp_path, monkeypatch):
     assert "(noisy)" in lines["| noisy"] and "(noisy)" not in lines["| quiet"]
 
 
-def test_an_earlier_record_without_the_interval_in_its_rows_gets_it_from_its_details(tmp_path):
-    # A record written before the summary row carried the interval (a subset run merges such records)
-    # still has it in its details; its rows get the pinned keys, each one that it lacks read as None.
-    from tricks_lib.results import Record
+def test_a_comparison_fills_its_rows_interval_significance_and_outcome_itself():
+    # The summary copies each result's own rows: nothing downstream repairs them from the details.
+    from tricks_lib.measurements import paired_row
 
-    old_row = {"variant": "fast", "device": "cpu", "median_s": 1e-3, "speedup": 2.0, "verdict": "2.00x faster"}
-    rec = Record(
-        "97_old",
-        "old comparison",
-        "comparison",
-        rows=({"variant": "fast", "speedup_ci": [1.8, 2.2], "significant": True},),
-        device="cpu",
-        machine="m",
-        summary=(old_row,),
-    )
-    from tricks_lib.summary import summary_rows
-
-    (row,) = summary_rows([rec])
-    assert tuple(row) == PINNED_KEYS
-    assert (row["speedup_low"], row["speedup_high"], row["significant"], row["noisy"]) == (1.8, 2.2, True, None)
+    base = Measurement("base", (2e-3,) * 10, 1, "cpu", 1)
+    slow = Measurement("slow", (4e-3,) * 10, 1, "cpu", 1)
+    same = Measurement("same", (2e-3,) * 10, 1, "cpu", 1)
+    rows = {m.label: paired_row(m, base, min_effect=0.05).summary_row() for m in (base, slow, same)}
+    assert (rows["slow"].speedup_low, rows["slow"].speedup_high, rows["slow"].significant) == (0.5, 0.5, True)
+    assert [rows[n].outcome for n in ("base", "slow", "same")] == ["baseline", "slower", "not significant"]
+    assert rows["same"].significant is False and rows["base"].significant is None
 
 
 def test_a_verdict_row_with_cells_before_its_verdict_keeps_them_in_the_summary(tmp_path, monkeypatch):
     # 01's table is (trick, vs, warm, cold, not faster here, limits): its "measured" cell alone is "-"
     # for a trick faster everywhere, which the summary printed as the whole verdict.
-    from tricks_lib.results import Record
-    from tricks_lib.summary import summary_rows
-    from tricks_lib.verdicts import VerdictTable
+    from tricks_lib.report.summary import summary_rows
+    from tricks_lib.report.verdicts import VerdictTable
 
     monkeypatch.setenv("TRICKS_RESULTS", str(tmp_path / "records.jsonl"))
     monkeypatch.setenv("TRICKS_NOTEBOOK", "96_cells")
@@ -190,10 +185,5 @@ def test_a_verdict_row_with_cells_before_its_verdict_keeps_them_in_the_summary(t
     table.add("no cells", "1.10x faster", "-", before=("folder", "n/a", "n/a"))
     (row, _) = summary_rows(load_records(tmp_path / "records.jsonl"), verdicts=True)
     assert row["verdict"] == "vs: folder; warm: 4.91x faster; cold: 5.27x faster; not faster here: -"
-    # A record from before the titles were kept: the cells, joined without them.
-    old = Record("96_cells", "old", "verdict", rows=({"before": ["folder", "2x faster"], "measured": "-"},),
-                 device="-", machine="m", summary=({"variant": "verdict", "verdict": "-"},))  # fmt: skip
-    (old_row,) = summary_rows([old], verdicts=True)
-    assert old_row["verdict"] == "folder; 2x faster; -"
     plain = VerdictTable(record_rows=False)
     assert plain.add("x", "1.1x faster", "-").columns == ("measured here",)

@@ -8,10 +8,10 @@ import pytest
 
 from tricks_lib.env import describe
 from tricks_lib.measurements import Comparison, ComparisonRow, Measurement
-from tricks_lib.results import load_records, record
-from tricks_lib.summary import NotebookStatus, write_summary_files
-from tricks_lib.summary_html import comparison_groups, render_summary_html, speedup_plot_png
-from tricks_lib.verdicts import VerdictTable
+from tricks_lib.report.results import load_records, record
+from tricks_lib.report.summary import NotebookStatus, write_summary_files
+from tricks_lib.report.summary_html import comparison_groups, render_summary_html, speedup_plot_png
+from tricks_lib.report.verdicts import VerdictTable
 
 VOID = {"meta", "img", "br", "hr", "link", "input", "source", "col", "area", "base", "wbr"}
 
@@ -135,20 +135,23 @@ def test_a_rendered_page_matches_its_json_document(written):
     assert render_summary_html(summary) == (folder / "summary.html").read_text(encoding="utf-8")
 
 
-def test_comparison_groups_split_records_and_skip_other_kinds():
-    def row(trick, variant, kind="comparison"):
-        return {"notebook": "n", "trick": trick, "variant": variant, "kind": kind}
+def test_comparison_groups_follow_the_records_and_skip_other_kinds():
+    def row(record, trick, variant, kind="comparison"):
+        return {"notebook": "n", "record": record, "trick": trick, "variant": variant, "kind": kind}
 
-    rows = [row("a", "base"), row("a", "x"), row("a", "step", "measurement"), row("a", "base"), row("a", "x")]
-    rows += [row("b", "base"), row("b", "x"), row("b", "base")]
+    rows = [row(0, "a", "base"), row(0, "a", "x"), row(1, "a", "step", "measurement"), row(2, "a", "base")]
+    rows += [row(2, "a", "x"), row(3, "b", "base"), row(3, "b", "x"), row(4, "b", "base")]
     groups = comparison_groups(rows)
     assert [[r["variant"] for r in g] for g in groups] == [["base", "x"], ["base", "x"], ["base", "x"], ["base"]]
+    # The same trick recorded twice in a row stays two comparisons, whatever its variants are called.
+    twice = [row(5, "c", "base"), row(5, "c", "x"), row(6, "c", "x"), row(6, "c", "base")]
+    assert [len(g) for g in comparison_groups(twice)] == [2, 2]
 
 
 def test_a_plot_needs_a_speedup_and_draws_what_lacks_an_interval():
-    base = {"trick": "t", "variant": "base", "verdict": "baseline", "speedup": 1.0}
+    base = {"trick": "t", "variant": "base", "verdict": "baseline", "speedup": 1.0, "outcome": "baseline"}
     assert speedup_plot_png([base]) is None
-    old = {"trick": "t", "variant": "x", "verdict": "2.00x faster", "speedup": 2.0, "significant": True}
+    old = {"trick": "t", "variant": "x", "verdict": "2.00x faster", "speedup": 2.0, "outcome": "faster"}
     wide = {**old, "variant": "y", "speedup": 40.0, "speedup_low": 30.0, "speedup_high": 50.0, "noisy": True}
     for rows in ([base, old], [base, old, wide]):  # linear and log axes
         assert speedup_plot_png(rows).startswith(b"\x89PNG")

@@ -1,4 +1,4 @@
-"""tricks_lib.trace: a profiled loop's labels, the exported Chrome trace, its reading and its timeline."""
+"""tricks_lib.profiling.trace: a profiled loop's labels, the exported Chrome trace, its reading and its timeline."""
 
 import json
 import re
@@ -9,7 +9,7 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile, record_function
 from torch.utils.data import DataLoader, TensorDataset
 
-from tricks_lib.trace import TraceEvent, label_durations, plot_trace, trace_events
+from tricks_lib.profiling.trace import TraceEvent, label_durations, plot_trace, trace_events
 
 STEPS = 4
 

@@ -1,4 +1,4 @@
-"""Tests for tricks_lib.training: gradient accumulation, autocast, channels_last, zero_grad, compile, schedules."""
+"""Tests for tricks_lib.training.steps: gradient accumulation, autocast, channels_last, zero_grad, compile, schedules."""
 
 import math
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from tricks_lib.models import MLP, SmallCNN
-from tricks_lib.training import (
+from tricks_lib.training.models import MLP, SmallCNN
+from tricks_lib.training.steps import (
     evaluate_accuracy,
     linear_scaled_lr,
     linear_warmup,

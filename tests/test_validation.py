@@ -4,10 +4,10 @@ expected), ValueError for a value out of range; data/ included."""
 import pytest
 import torch
 
-from tricks_lib.batch_size import largest_batch
 from tricks_lib.data import DecodeSample, DevicePrefetcher, TarShardDataset, render_photos, write_tar_shards
 from tricks_lib.data.cache import loader_worker_memory, process_memory
-from tricks_lib.models import MLP
+from tricks_lib.training.batch_size import largest_batch
+from tricks_lib.training.models import MLP
 
 
 @pytest.fixture(scope="module")

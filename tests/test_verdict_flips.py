@@ -1,44 +1,70 @@
-"""tricks_lib.summary_diff (benchmarks/verdict_flips.py, `python -m tricks_lib diff`): direction and significance flips between two runs' summaries."""
+"""tricks_lib.report.summary_diff (benchmarks/verdict_flips.py, `python -m tricks_lib diff`): direction and significance flips between two runs' summaries."""
 
-from tricks_lib import summary_diff
+from tricks_lib.report import summary_diff as summary_diff
 
 
 def summary(*rows):
+    """A summary.json with rows (notebook, trick, variant, verdict text, outcome): the diff reads the outcome."""
     return {
-        "measurements": [{"notebook": n, "trick": t, "variant": v, "verdict": verdict} for n, t, v, verdict in rows]
+        "measurements": [
+            {"notebook": n, "trick": t, "variant": v, "verdict": verdict, "outcome": outcome}
+            for n, t, v, verdict, outcome in rows
+        ]
     }
 
 
 def test_flips_are_counted_by_kind():
     first = summary(
-        ("01", "decode", "PIL", "baseline"),
-        ("01", "decode", "cv2", "1.80x faster"),
-        ("01", "decode", "png", "2.00x slower"),
-        ("02", "amp", "bf16", "not significant"),
-        ("02", "amp", "fp16", "1.10x faster (suspect: does more work)"),
-        ("03", "x", "gone", "1.5x faster"),
+        ("01", "decode", "PIL", "baseline", "baseline"),
+        ("01", "decode", "cv2", "1.80x faster", "faster"),
+        ("01", "decode", "png", "2.00x slower", "slower"),
+        ("02", "amp", "bf16", "not significant", "not significant"),
+        ("02", "amp", "fp16", "1.10x faster (suspect: does more work)", "suspect"),
+        ("03", "x", "gone", "1.5x faster", "faster"),
+        ("04", "memory", "checkpointing", "3.0x less", None),  # not a comparison: never compared
     )
     second = summary(
-        ("01", "decode", "PIL", "baseline"),
-        ("01", "decode", "cv2", "1.75x faster"),
-        ("01", "decode", "png", "1.20x faster"),
-        ("02", "amp", "bf16", "1.04x slower"),
-        ("02", "amp", "fp16", "1.12x faster"),
+        ("01", "decode", "PIL", "baseline", "baseline"),
+        ("01", "decode", "cv2", "1.75x faster", "faster"),
+        ("01", "decode", "png", "1.20x faster", "faster"),
+        ("02", "amp", "bf16", "1.04x slower", "slower"),
+        ("02", "amp", "fp16", "1.12x faster", "faster"),
+        ("04", "memory", "checkpointing", "2.0x more", None),
     )
     report = summary_diff.compare_summaries(first, second)
-    assert report["rows_compared"] == 4  # baselines and rows missing from one run are not compared
+    assert report["rows_compared"] == 4  # baselines, rows without an outcome and rows of one run are not compared
     assert report["only_in_one_run"] == 1
     assert [f["variant"] for f in report["direction_flips"]] == ["png"]
-    assert [f["variant"] for f in report["significance_flips"]] == ["bf16"]
-    assert report["significance_flip_rate"] == 0.25
+    # A suspect speedup is no speedup: it flips significance against a plain faster, never direction.
+    assert [f["variant"] for f in report["significance_flips"]] == ["bf16", "fp16"]
+    assert report["significance_flip_rate"] == 0.5
 
 
-def test_verdict_classes():
-    assert summary_diff.verdict_class("1.20x faster") == "faster"
-    assert summary_diff.verdict_class("3.00x slower (suspect: x)") == "slower"
-    assert summary_diff.verdict_class("not significant") == "not significant"
-    assert summary_diff.verdict_class("not significant (fresh replicates disagree: 0.90x, 1.10x)") == "not significant"
-    assert summary_diff.verdict_class("baseline") is None and summary_diff.verdict_class(None) is None
+def test_verdict_classes_come_from_the_outcome_never_the_text():
+    assert summary_diff.verdict_class({"outcome": "faster", "verdict": "1.20x slower"}) == "faster"
+    assert summary_diff.verdict_class({"outcome": "slower"}) == "slower"
+    assert summary_diff.verdict_class({"outcome": "not significant"}) == "not significant"
+    assert (
+        summary_diff.verdict_class({"outcome": "suspect", "verdict": "3.00x faster (suspect: x)"}) == "not significant"
+    )
+    assert summary_diff.verdict_class({"outcome": "baseline"}) is None
+    assert summary_diff.verdict_class({"outcome": None, "verdict": "1.20x faster"}) is None
+
+
+def test_an_older_summary_is_refused_in_one_line(tmp_path, capsys):
+    import json
+
+    from tricks_lib.__main__ import main
+
+    for name in ("old", "new"):
+        (tmp_path / name).mkdir()
+    old = {"measurements": [{"notebook": "02", "trick": "amp", "variant": "bf16", "verdict": "1.20x faster"}]}
+    (tmp_path / "old" / "summary.json").write_text(json.dumps(old))
+    new = summary(("02", "amp", "bf16", "1.20x faster", "faster"))
+    (tmp_path / "new" / "summary.json").write_text(json.dumps(new | {"machine_summary": "m"}))
+    assert main(["diff", str(tmp_path / "old"), str(tmp_path / "new")]) == 2
+    err = capsys.readouterr().err
+    assert "written by an older tricks_lib" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
 def test_diff_command_lists_the_changed_verdicts_of_two_folders(tmp_path, capsys):
@@ -48,9 +74,19 @@ def test_diff_command_lists_the_changed_verdicts_of_two_folders(tmp_path, capsys
 
     for name, verdict, table in (("cpu", "not significant", "1.40x slower"), ("gpu", "2.10x faster", "1.30x faster")):
         (tmp_path / name).mkdir()
-        doc = summary(("02", "amp", "bf16", verdict), ("02", "amp", "fp32", "baseline"))
+        outcome = "faster" if "faster" in verdict else "not significant"  # the outcome each verdict was written from
+        doc = summary(("02", "amp", "bf16", verdict, outcome), ("02", "amp", "fp32", "baseline", "baseline"))
         doc["machine_summary"] = f"{name} machine"
-        doc["verdicts"] = [{"notebook": "02", "trick": "channels_last", "variant": "verdict", "verdict": table}]
+        table_outcome = "faster" if "faster" in table else "slower"
+        doc["verdicts"] = [
+            {
+                "notebook": "02",
+                "trick": "channels_last",
+                "variant": "verdict",
+                "verdict": table,
+                "outcome": table_outcome,
+            }
+        ]
         (tmp_path / name / "summary.json").write_text(json.dumps(doc))
     assert main(["diff", str(tmp_path / "cpu"), str(tmp_path / "gpu")]) == 0
     out = capsys.readouterr().out
@@ -68,6 +104,7 @@ def interval_row(variant, speedup, low, high, verdict="1.20x faster"):
         "trick": "t",
         "variant": variant,
         "verdict": verdict,
+        "outcome": "not significant" if verdict == "not significant" else "faster",
         "speedup": speedup,
         "speedup_low": low,
         "speedup_high": high,
@@ -78,7 +115,13 @@ def test_expected_flips_come_from_rows_near_the_threshold():
     far = interval_row("far", 2.0, 1.8, 2.2)  # clears 5% by far: any rerun agrees
     null = interval_row("null", 1.0, 0.98, 1.02, "not significant")  # 1x inside a narrow interval: never clears
     edge = interval_row("edge", 1.10, 1.05, 1.15)  # its low end sits on the 5% edge: a coin toss
-    text = {"notebook": "02", "trick": "t", "variant": "text", "verdict": "2.00x faster"}  # no interval
+    text = {
+        "notebook": "02",
+        "trick": "t",
+        "variant": "text",
+        "verdict": "2.00x faster",
+        "outcome": "faster",
+    }  # no interval
     report = summary_diff.expected_significance_flips({"measurements": [far, null, edge, text]})
     assert report["rows"] == 3 and report["rows_without_interval"] == 1
     assert 0.49 < report["expected_flips"] < 0.51  # 2 p (1 - p) with p = 1/2 for the edge row, ~0 for the others

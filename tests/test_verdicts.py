@@ -1,4 +1,4 @@
-"""tricks_lib.verdicts: the verdict table and the reading helpers, on results with known numbers."""
+"""tricks_lib.report.verdicts: the verdict table and the reading helpers, on results with known numbers."""
 
 import dataclasses
 import json
@@ -9,9 +9,8 @@ import torch
 from tricks_lib.compiling import CompileCost
 from tricks_lib.measurements import Comparison, ComparisonRow, Measurement
 from tricks_lib.memory import MemoryReport
-from tricks_lib.results import load_records
-from tricks_lib.training import autocast_dtype
-from tricks_lib.verdicts import (
+from tricks_lib.report.results import load_records
+from tricks_lib.report.verdicts import (
     VerdictTable,
     break_even,
     break_even_note,
@@ -26,6 +25,7 @@ from tricks_lib.verdicts import (
     trade_off,
     verdict_of,
 )
+from tricks_lib.training.steps import autocast_dtype
 
 
 def timed(label, seconds, rounds=20, items=None, jitter=0.002):

@@ -1,95 +1,55 @@
-"""tricks_lib: the measurement core behind the PyTorch Tricks notebooks.
+"""tricks_lib: the measuring core behind the PyTorch Tricks notebooks.
 
-Import what you need; importing changes no seed, flag or plot style.
+The package root is the core a reader reuses in their own code: timing and comparison (``timing``,
+``comparing``, ``timed_blocks``), result types and the statistics behind "significant"
+(``measurements``, ``outcome``, ``stats``), memory (``memory``), first-call and compile costs
+(``compiling``), the environment stamp (``env``), formatting, plotting and progress bars. The main
+command and what it writes live in ``tricks_lib.report``; each topic's support code lives in its own
+subpackage (``data``, ``training``, ``design``, ``inference``, ``profiling``, ``repro``, ``ladder``).
+
+Import what you need; importing loads the core only and changes no seed, flag or plot style.
 
     from tricks_lib import compare, measure_memory, describe
 """
 
-from tricks_lib.batch_size import BatchProbe, BatchSearch, largest_batch
-from tricks_lib.bench import Comparison, ComparisonRow, Measurement, compare, format_seconds, measure, time_first_call
+from tricks_lib.comparing import compare
 from tricks_lib.compiling import CompileCost, compile_cost, fresh_compile_cache
-from tricks_lib.ddp import DDPResult, launch_ddp
 from tricks_lib.env import EnvInfo, describe, is_colab, pick_device, quick_mode, size_for_mode
-from tricks_lib.memory import MemoryReport, StateBytes, format_bytes, measure_memory, model_state_bytes
-from tricks_lib.models import MLP, ResNet, SmallCNN, count_parameters, drop_conv_bias_before_bn
+from tricks_lib.formatting import format_bytes, format_seconds, markdown_table
+from tricks_lib.measurements import Comparison, ComparisonRow, Measurement
+from tricks_lib.memory import MemoryReport, StateBytes, measure_memory, model_state_bytes
+from tricks_lib.outcome import Outcome
 from tricks_lib.plot import metric_vs_size, speedup_bars
-from tricks_lib.repro import (
-    DeterminismFlags,
-    RngState,
-    capture_rng_state,
-    determinism_flags,
-    deterministic,
-    fingerprint,
-    make_generator,
-    restore_rng_state,
-    seed_everything,
-    seed_worker,
-)
-from tricks_lib.results import Record, load_records, record
-from tricks_lib.training import (
-    TrainStep,
-    TrainStepConfig,
-    evaluate_accuracy,
-    linear_scaled_lr,
-    linear_warmup,
-    make_train_step,
-    warmup_factor,
-)
+from tricks_lib.progress import progress_bar
+from tricks_lib.timing import measure, time_first_call
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "BatchProbe",
-    "BatchSearch",
     "Comparison",
     "ComparisonRow",
     "CompileCost",
-    "DDPResult",
-    "DeterminismFlags",
     "EnvInfo",
-    "MLP",
     "Measurement",
     "MemoryReport",
-    "Record",
-    "ResNet",
-    "RngState",
-    "SmallCNN",
+    "Outcome",
     "StateBytes",
-    "TrainStep",
-    "TrainStepConfig",
-    "capture_rng_state",
     "compare",
     "compile_cost",
-    "count_parameters",
     "describe",
-    "determinism_flags",
-    "deterministic",
-    "drop_conv_bias_before_bn",
-    "evaluate_accuracy",
-    "fingerprint",
     "format_bytes",
     "format_seconds",
     "fresh_compile_cache",
     "is_colab",
-    "largest_batch",
-    "launch_ddp",
-    "linear_scaled_lr",
-    "linear_warmup",
-    "load_records",
-    "make_generator",
-    "make_train_step",
+    "markdown_table",
     "measure",
     "measure_memory",
     "metric_vs_size",
     "model_state_bytes",
     "pick_device",
+    "progress_bar",
     "quick_mode",
-    "record",
-    "restore_rng_state",
-    "seed_everything",
-    "seed_worker",
     "size_for_mode",
     "speedup_bars",
     "time_first_call",
-    "warmup_factor",
 ]

@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "diff":
         import json
 
-        from tricks_lib.summary_diff import compare_summaries, diff_markdown, load_summary
+        from tricks_lib.report.summary_diff import compare_summaries, diff_markdown, load_summary
 
         try:
             report = compare_summaries(load_summary(args.first), load_summary(args.second))
@@ -79,14 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     from tricks_lib.env import quick_mode
 
     try:
-        from tricks_lib.runner import (
-            earlier_results,
-            find_notebooks,
-            last_run_seconds,
-            locate_notebooks,
-            run_notebooks,
-            write_summary,
-        )
+        from tricks_lib.report.notebook_source import find_notebooks, last_run_seconds, locate_notebooks
+        from tricks_lib.report.runner import earlier_results, run_notebooks, write_summary
     except ImportError as err:  # the core install has no Jupyter stack (so Colab's kernel stays as it is)
         print(
             f"error: the main command needs Jupyter's runner ({err.name} is missing): pip install 'tricks_lib[run]'",
@@ -139,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Summary merged: {', '.join(carried)} kept from the earlier run in {args.out}/", file=sys.stderr)
     elif earlier is not None and not earlier.compatible:
         print(f"Summary replaced: the earlier run in {args.out}/ {earlier.reason}", file=sys.stderr)
-    from tricks_lib.summary_html import SUMMARY_HTML_NAME
+    from tricks_lib.report.summary_html import SUMMARY_HTML_NAME
 
     print(f"Summary: {md_path}, {json_path} and {md_path.with_name(SUMMARY_HTML_NAME)}", file=sys.stderr)
     failures = [r for r in runs if not r.ok]

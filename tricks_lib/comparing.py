@@ -4,7 +4,7 @@
 returns what the baseline returns (``_check_results``), runs rounds (``_run_rounds``: one block of
 every variant per round, in a shuffled order, optionally over fresh replicates), and reads the rows
 (``_read_rows``): "1.8x faster" or "not significant". Its timed blocks are ``measure``'s
-(``tricks_lib.timed_blocks``); it is importable from ``tricks_lib.timing`` and ``tricks_lib.bench`` too.
+(``tricks_lib.timed_blocks``); it is importable from ``tricks_lib.timing`` and ``tricks_lib`` too.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from tricks_lib.formatting import format_bytes, format_seconds, html_table, markdown_table
+from tricks_lib.outcome import Outcome, SummaryRow
 from tricks_lib.stats import (
     CONFIDENCE,
     MIN_BLOCKS_FOR_SPREAD,
@@ -24,7 +25,6 @@ from tricks_lib.stats import (
     replicate_speedups,
     replicates_agree,
 )
-from tricks_lib.summary import SummaryRow
 
 if TYPE_CHECKING:
     from tricks_lib.memory import MemoryReport
@@ -160,15 +160,25 @@ class ComparisonRow:
         return bool(self.replicate_speedups) and self.pooled_significant and not self.significant
 
     @property
+    def outcome(self) -> Outcome:
+        """What this row measured, computed once from the paired interval: faster, slower, not significant,
+        baseline, or suspect (faster although it does more work, ``compare(more_work=)``)."""
+        return Outcome.of(
+            self.speedup, self.significant, is_baseline=self.is_baseline, suspect=self.suspect is not None
+        )
+
+    @property
     def verdict(self) -> str:
-        if self.is_baseline:
+        """The outcome in words: "1.80x faster", "not significant", "baseline" (and why, where it needs saying)."""
+        outcome = Outcome.of(self.speedup, self.significant, is_baseline=self.is_baseline)
+        if outcome is Outcome.BASELINE:
             verdict = "baseline"
         elif self.not_reproduced:
             each = ", ".join(f"{s:.2f}x" for s in self.replicate_speedups)
             verdict = f"not significant (fresh replicates disagree: {each})"
-        elif not self.significant:
+        elif outcome is Outcome.NOT_SIGNIFICANT:
             verdict = "not significant"
-        elif self.speedup >= 1:
+        elif outcome is Outcome.FASTER:
             verdict = f"{self.speedup:.2f}x faster"
         else:
             verdict = f"{1 / self.speedup:.2f}x slower"
@@ -188,6 +198,10 @@ class ComparisonRow:
             peak_saved_bytes=mem.peak_saved_bytes if mem else None,
             peak_allocated_bytes=mem.peak_allocated_bytes if mem else None,
             noisy=m.noisy,
+            speedup_low=None if self.is_baseline else _finite_or_none(self.ci_low),
+            speedup_high=None if self.is_baseline else _finite_or_none(self.ci_high),
+            significant=None if self.is_baseline else self.significant,
+            outcome=self.outcome.value,
         )
 
     def to_dict(self) -> dict:
@@ -197,6 +211,7 @@ class ComparisonRow:
             speedup_ci=[_finite_or_none(self.ci_low), _finite_or_none(self.ci_high)],
             significant=self.significant,
             verdict=self.verdict,
+            outcome=self.outcome.value,
             suspect=self.suspect,
         )
         if self.replicate_speedups:

@@ -18,9 +18,9 @@ import torch
 
 from tricks_lib.env import pick_device
 from tricks_lib.formatting import format_bytes
-from tricks_lib.summary import SummaryRow
+from tricks_lib.outcome import SummaryRow
 
-__all__ = ["MemoryReport", "StateBytes", "format_bytes", "measure_memory", "model_state_bytes"]
+__all__ = ["MemoryReport", "StateBytes", "measure_memory", "model_state_bytes"]
 
 
 @dataclass(frozen=True)

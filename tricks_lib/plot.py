@@ -24,9 +24,7 @@ def speedup_bars(comparison, ax=None):
     """
     # Read by shape, not by type: this module imports no result type, so the results can import it.
     if not all(hasattr(comparison, a) for a in ("rows", "baseline", "rounds")):
-        raise TypeError(
-            f"speedup_bars needs a Comparison from tricks_lib.bench.compare, got {type(comparison).__name__}"
-        )
+        raise TypeError(f"speedup_bars needs a Comparison from tricks_lib.compare, got {type(comparison).__name__}")
     ax = _axes(ax)
     rows = list(comparison.rows)
     medians = [r.measurement.median for r in rows]
@@ -40,12 +38,8 @@ def speedup_bars(comparison, ax=None):
         lows.append(r.measurement.median - np.percentile(t, 25))
         highs.append(np.percentile(t, 75) - r.measurement.median)
     y = list(range(len(rows)))
-    colors = [
-        "0.6"
-        if r.is_baseline
-        else ("tab:green" if r.significant and r.speedup > 1 else "tab:red" if r.significant else "tab:gray")
-        for r in rows
-    ]
+    by_outcome = {"baseline": "0.6", "faster": "tab:green", "slower": "tab:red"}
+    colors = [by_outcome.get(r.outcome.value, "tab:gray") for r in rows]
     ax.barh(
         y,
         [m / scale for m in medians],

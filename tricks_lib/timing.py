@@ -6,9 +6,8 @@ top to bottom:
 
 - ``measure(fn)`` times one callable, like ``Timer.blocked_autorange``, with at least 3 blocks.
 - ``time_first_call(fn)`` times one call on purpose: a first-call cost.
-- ``compare({"A": a, "B": b}, baseline="A")`` (from ``tricks_lib.comparing``, importable from here)
-  runs rounds of every variant in a shuffled order and reads the rows: "1.8x faster" or "not
-  significant". ``progress_bar`` (from ``tricks_lib.progress``) is importable from here as well.
+- ``compare({"A": a, "B": b}, baseline="A")`` lives in ``tricks_lib.comparing``: rounds of every
+  variant in a shuffled order, read as "1.8x faster" or "not significant".
 """
 
 from __future__ import annotations
@@ -18,21 +17,13 @@ from collections.abc import Callable
 import torch
 
 from tricks_lib._validate import check_callable, check_flag, check_non_negative_int, check_positive
-from tricks_lib.comparing import DEFAULT_MIN_ROUNDS as DEFAULT_MIN_ROUNDS
-from tricks_lib.comparing import SLOW_CALL_BUDGET_FACTOR as SLOW_CALL_BUDGET_FACTOR
-from tricks_lib.comparing import TARGET_ROUNDS as TARGET_ROUNDS
-from tricks_lib.comparing import compare
 from tricks_lib.env import pick_device
 from tricks_lib.measurements import Measurement
-from tricks_lib.progress import PROGRESS_ENV_VAR as PROGRESS_ENV_VAR
-from tricks_lib.progress import optional_progress_bar, progress_bar
+from tricks_lib.progress import optional_progress_bar
 from tricks_lib.stats import MIN_BLOCKS_FOR_SPREAD
-from tricks_lib.timed_blocks import Timer as Timer
 from tricks_lib.timed_blocks import default_min_run_time, make_timer, run_block, synced_timer, warm_up
 
-__all__ = ["compare", "measure", "progress_bar", "time_first_call"]
-# Imported "as" themselves: the round budget, PROGRESS_ENV_VAR and Timer are re-exported, so that all
-# that was importable from here before compare and the progress bars moved out still is.
+__all__ = ["measure", "time_first_call"]
 
 
 def measure(

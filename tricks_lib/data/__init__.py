@@ -63,15 +63,9 @@ from tricks_lib.data.jpeg_pipeline import (
 )
 from tricks_lib.data.prefetch import DevicePrefetcher, move_to_device
 from tricks_lib.data.samples import check_samples
-from tricks_lib.data.shards import (
-    ShardError,
-    ShardIndex,
-    TarShardDataset,
-    find_shards,
-    index_tar_shard,
-    read_tar_samples,
-    write_tar_shards,
-)
+from tricks_lib.data.shard_index import ShardIndex, index_tar_shard, read_tar_samples
+from tricks_lib.data.shards import TarShardDataset, find_shards, write_tar_shards
+from tricks_lib.data.tar_format import ShardError
 
 __all__ = [
     "BatchRequest",

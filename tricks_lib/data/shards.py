@@ -41,28 +41,14 @@ from tricks_lib._atomic import atomic_path
 from tricks_lib._validate import check_flag, check_non_negative_int, check_positive
 from tricks_lib.data.samples import check_samples
 from tricks_lib.data.shard_index import (
-    ShardIndex,
-    index_file_path,
     index_tar_shard,
     load_shard_index,
     read_tar_samples,
     request_read_ahead,
     write_index_file,
 )
-from tricks_lib.data.tar_format import ShardError
 
-__all__ = [
-    "ShardError",
-    "ShardIndex",
-    "TarShardDataset",
-    "find_shards",
-    "index_file_path",
-    "index_tar_shard",
-    "load_shard_index",
-    "read_tar_samples",
-    "write_index_file",
-    "write_tar_shards",
-]
+__all__ = ["TarShardDataset", "find_shards", "write_tar_shards"]
 
 
 def write_tar_shards(

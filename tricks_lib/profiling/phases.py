@@ -28,9 +28,9 @@ import torch
 from tricks_lib._validate import check_flag, check_non_negative_int, check_positive
 from tricks_lib.env import pick_device
 from tricks_lib.formatting import format_seconds, html_table, markdown_table
-from tricks_lib.profiling import next_batch
+from tricks_lib.outcome import SummaryRow
+from tricks_lib.profiling.profiler import next_batch
 from tricks_lib.progress import optional_progress_bar as _progress_bar
-from tricks_lib.summary import SummaryRow
 from tricks_lib.timed_blocks import synced_timer as _synced_timer
 
 __all__ = ["WAIT_PHASE", "PhaseShift", "PhaseSplit", "phase_shift", "phase_split", "plot_phase_shares"]

@@ -7,11 +7,11 @@ shard with ``TrainStep`` (gradient accumulation runs the first micro-batches in 
 with ``--sync-every-micro-batch``, all-reduces after every one: the baseline ``no_sync`` is measured
 against), then gathers every rank's parameters on rank 0. A DDP communication hook counts the gradient
 all-reduces, so the result shows that ``no_sync()`` skipped them on all but the last micro-batch.
-Step times are taken like ``tricks_lib.bench.measure`` does: untimed warm-up steps, a device sync
+Step times are taken like ``tricks_lib.measure`` does: untimed warm-up steps, a device sync
 around every step, and median and IQR of the per-step times. Rank 0 writes a JSON file; nothing is
 parsed from prints.
 
-    python -m torch.distributed.run --nproc-per-node 2 -m tricks_lib.ddp --out result.json
+    python -m torch.distributed.run --nproc-per-node 2 -m tricks_lib.training.ddp --out result.json
 
 ``launch_ddp(...)`` runs exactly that through the caller's interpreter (``sys.executable``) on a free
 localhost port, with a timeout, and returns a ``DDPResult``.
@@ -36,13 +36,14 @@ import numpy as np
 import torch
 
 from tricks_lib._validate import check_flag
-from tricks_lib.bench import Measurement, format_seconds
+from tricks_lib.formatting import format_seconds
+from tricks_lib.measurements import Measurement
+from tricks_lib.outcome import SummaryRow
 from tricks_lib.progress import optional_progress_bar
-from tricks_lib.summary import SummaryRow
 
 __all__ = ["DDPResult", "main", "launch_ddp", "free_port"]
 
-_PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # the folder that holds tricks_lib/
+_PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds tricks_lib/
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,7 @@ class DDPResult:
         return self.allreduce_calls / self.steps
 
     def as_measurement(self, label: str | None = None) -> Measurement:
-        """The timed steps as a ``tricks_lib.bench.Measurement`` (one block per step; items = global samples)."""
+        """The timed steps as a ``tricks_lib.Measurement`` (one block per step; items = global samples)."""
         return Measurement(
             label=label or f"DDP {self.world_size}x{self.backend}",
             times=self.step_times,
@@ -193,7 +194,7 @@ def free_port() -> int:
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m tricks_lib.ddp", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tricks_lib.training.ddp", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="JSON file rank 0 writes the result to")
     p.add_argument("--backend", default=None, help="gloo or nccl (default: nccl with CUDA, else gloo)")
     p.add_argument("--steps", type=int, default=20, help="timed optimizer steps")
@@ -217,8 +218,8 @@ def main(argv: list[str] | None = None) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from tricks_lib.models import SmallCNN
-    from tricks_lib.training import make_train_step
+    from tricks_lib.training.models import SmallCNN
+    from tricks_lib.training.steps import make_train_step
 
     args = _parse_args(argv)
     backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
@@ -392,7 +393,7 @@ def launch_ddp(
             sys.executable, "-m", "torch.distributed.run",
             f"--nproc-per-node={nproc}", "--nnodes=1",
             "--master-addr=127.0.0.1", f"--master-port={free_port()}",
-            "-m", "tricks_lib.ddp",
+            "-m", "tricks_lib.training.ddp",
             f"--out={out}", f"--backend={backend}", f"--steps={steps}", f"--warmup-steps={warmup_steps}",
             f"--batch-size={batch_size}", f"--accumulation-steps={accumulation_steps}",
             f"--width={width}", f"--image-size={image_size}", f"--seed={seed}",

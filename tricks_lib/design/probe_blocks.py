@@ -553,7 +553,7 @@ def hybrid_nets(image_size: int = 64, *, reference_mid: int = 128, max_mid: int 
     Raises:
         TypeError / ValueError: non-int or non-positive sizes, or an image smaller than 8x8.
     """
-    from tricks_lib.flops import count_flops  # here, not at import: flops is a sibling module
+    from tricks_lib.design.flops import count_flops  # here, not at import: flops is a sibling module
 
     for name, value in (("image_size", image_size), ("reference_mid", reference_mid), ("max_mid", max_mid)):
         _check_width(value, name)

@@ -11,7 +11,7 @@ kept), and the share of zeros it really holds; ``SparsitySweep`` tabulates such 
 
 ``prune_conv_channels(model, fraction)`` does that for a plain chain of convolutions (each
 ``Conv2d`` feeding the next, an optional ``BatchNorm2d`` after each, then global pooling and one
-``Linear`` head), such as ``tricks_lib.models.SmallCNN``. In every convolution it keeps the output
+``Linear`` head), such as ``tricks_lib.training.models.SmallCNN``. In every convolution it keeps the output
 channels with the largest L1 norm of their filters (Li et al. 2017, "Pruning Filters for Efficient
 ConvNets"). The ``torch-pruning`` package (Fang et al. 2023, DepGraph) does the same for arbitrary
 graphs by tracing the dependencies between layers; the notebook compares the two.

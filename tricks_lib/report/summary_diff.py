@@ -4,7 +4,8 @@
 
 Two runs on different machines (a CPU and a GPU, a laptop and Colab) show what depends on the
 hardware; two runs on the same machine show which verdicts do not reproduce. A verdict is read as
-its class: faster, slower or not significant (the numbers in it always move a little). Two kinds of
+its outcome: faster, slower or not significant (the numbers in it always move a little), which every
+row carries as a value (``outcome``), so nothing here reads a sentence. Two kinds of
 change are told apart: a *direction* change (faster in one run, slower in the other) and a
 *significance* change (significant in one, not in the other).
 
@@ -25,23 +26,22 @@ from statistics import NormalDist
 
 from tricks_lib._validate import check_positive
 from tricks_lib.formatting import markdown_cell
+from tricks_lib.outcome import Outcome
 from tricks_lib.stats import CONFIDENCE, DEFAULT_MIN_EFFECT
 
 __all__ = ["compare_summaries", "diff_markdown", "expected_significance_flips", "load_summary", "verdict_class"]
 
 
-def verdict_class(verdict: str | None) -> str | None:
-    """'faster', 'slower', 'not significant', or None for rows without a comparison verdict."""
-    if not verdict:
-        return None
-    v = verdict.split(" (")[0]  # "(suspect: ...)", "(fresh replicates disagree: ...)"
-    if v.endswith("x faster"):
-        return "faster"
-    if v.endswith("x slower"):
-        return "slower"
-    if v == "not significant":
-        return "not significant"
-    return None
+def verdict_class(row: dict) -> str | None:
+    """A summary row's outcome as the diff reads it: 'faster', 'slower', 'not significant', or None for rows
+    that are not a comparison's variant (the baseline, a memory report, a sentence of a verdict table).
+
+    A suspect row (faster although it does more work) counts as not significant: it is not a speedup.
+    """
+    outcome = row.get("outcome")
+    if outcome in (Outcome.FASTER, Outcome.SLOWER, Outcome.NOT_SIGNIFICANT):
+        return str(Outcome(outcome))
+    return "not significant" if outcome == Outcome.SUSPECT else None
 
 
 def load_summary(path: str | Path) -> dict:
@@ -59,6 +59,11 @@ def load_summary(path: str | Path) -> dict:
     summary = json.loads(path.read_text(encoding="utf-8"))
     if not isinstance(summary, dict) or "measurements" not in summary:
         raise ValueError(f"{path} is not a summary.json of `python -m tricks_lib run`")
+    if any("outcome" not in row for row in summary["measurements"]):
+        raise ValueError(
+            f"{path} was written by an older tricks_lib (its rows carry no outcome): rerun that folder with "
+            "`python -m tricks_lib run --out FOLDER` before comparing it"
+        )
     return summary
 
 
@@ -67,13 +72,13 @@ def _verdict_rows(summary: dict) -> dict:
     out = {}
     for section in ("measurements", "verdicts"):
         for row in summary.get(section, []):
-            if verdict_class(row.get("verdict")) is not None:
+            if verdict_class(row) is not None:
                 out[(row["notebook"], row["trick"], str(row["variant"]))] = row
     return out
 
 
 def _by_key(summary: dict) -> dict:
-    return {key: (verdict_class(row["verdict"]), row["verdict"]) for key, row in _verdict_rows(summary).items()}
+    return {key: (verdict_class(row), row["verdict"]) for key, row in _verdict_rows(summary).items()}
 
 
 _NORMAL = NormalDist()

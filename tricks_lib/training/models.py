@@ -23,18 +23,10 @@ from tricks_lib._validate import check_non_negative_int, check_positive
 
 __all__ = [
     "MLP",
-    "RepVGGBlock",
-    "make_airbench94",
     "ResNet",
     "SmallCNN",
-    "bottleneck_net",
-    "channel_ratio_net",
     "count_parameters",
     "drop_conv_bias_before_bn",
-    "fragment_net",
-    "group_conv_net",
-    "hybrid_net",
-    "shufflenet_v2_probes",
 ]
 
 
@@ -246,17 +238,3 @@ def count_parameters(model: nn.Module, *, trainable_only: bool = True) -> int:
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
-
-
-# The model builders of the model-design, inference and capstone notebooks live in their own modules (one
-# concern each); they are models too, so they are importable from here as well.
-from tricks_lib.airbench import make_airbench94  # noqa: E402
-from tricks_lib.design_blocks import (  # noqa: E402
-    bottleneck_net,
-    channel_ratio_net,
-    fragment_net,
-    group_conv_net,
-    hybrid_net,
-    shufflenet_v2_probes,
-)
-from tricks_lib.repvgg import RepVGGBlock  # noqa: E402

@@ -28,8 +28,8 @@ from tricks_lib._validate import check_flag, check_positive
 from tricks_lib.formatting import format_bytes, format_seconds, html_table, markdown_table
 from tricks_lib.measurements import Comparison, ComparisonRow, Measurement
 from tricks_lib.memory import MemoryReport
-from tricks_lib.results import record
-from tricks_lib.summary import SummaryRow
+from tricks_lib.outcome import Outcome, SummaryRow
+from tricks_lib.report.results import record
 
 if TYPE_CHECKING:
     from tricks_lib.compiling import CompileCost
@@ -79,7 +79,7 @@ def fastest(comparison: Comparison) -> tuple[str, bool]:
         return m.median / (m.items if comparison.per_item and m.items else 1)
 
     best = min(rows, key=per_item)
-    clear = all(comparison.versus(best.name, r.name).significant for r in rows if r.name != best.name)
+    clear = all(comparison.versus(best.name, r.name).outcome is Outcome.FASTER for r in rows if r.name != best.name)
     return best.name, clear
 
 
@@ -111,7 +111,7 @@ def break_even(cost: CompileCost, comparison: Comparison, compiled: str, eager: 
     buys nothing measurable is never paid back.
     """
     row = comparison.versus(compiled, eager)
-    if not (row.significant and row.speedup > 1):
+    if row.outcome is not Outcome.FASTER:
         return None
     eager_s, compiled_s = comparison[eager].measurement.median, comparison[compiled].measurement.median
     calls = {cache: cost.calls_to_pay_off(eager_s, compiled_s, cache=cache) for cache in ("cold", "warm")}
@@ -171,46 +171,52 @@ def separate_runs_ratio(measurement: Measurement, reference: Measurement) -> str
 
 
 def direction(row: ComparisonRow) -> str:
-    """'faster', 'slower', 'not significant' or 'baseline': what ``row``'s verdict says, as one word.
+    """'faster', 'slower', 'not significant', 'suspect' or 'baseline': ``row.outcome`` as one word.
 
     Raises:
         TypeError: ``row`` is not a ComparisonRow.
     """
     if not isinstance(row, ComparisonRow):
         raise TypeError(f"row must be a ComparisonRow (comparison[name]), got {type(row).__name__}")
-    if row.is_baseline:
-        return "baseline"
-    if not row.significant:
-        return "not significant"
-    return "faster" if row.speedup > 1 else "slower"
+    return row.outcome.value
 
 
 def overall(rows: Iterable[ComparisonRow]) -> str:
-    """'all faster', 'all slower', 'none significant' or 'mixed': the non-baseline rows read together.
+    """'all faster', 'all slower', 'none significant' or 'mixed': the non-baseline rows' outcomes read together.
+
+    A suspect row (faster although it does more work) is not a speedup: it reads as not significant here.
 
     Raises:
         TypeError: an element is not a ComparisonRow.
         ValueError: no non-baseline row is given.
     """
-    words = {direction(r) for r in rows} - {"baseline"}
+    words = {_plain_outcome(r) for r in rows} - {Outcome.BASELINE}
     if not words:
         raise ValueError("overall() needs at least one row that is not the baseline")
-    if words == {"not significant"}:
+    if words == {Outcome.NOT_SIGNIFICANT}:
         return "none significant"
-    return f"all {words.pop()}" if len(words) == 1 else "mixed"
+    return f"all {words.pop().value}" if len(words) == 1 else "mixed"
 
 
 def by_outcome(rows: Mapping[str, ComparisonRow]) -> dict[str, tuple[str, ...]]:
-    """The names of ``rows`` grouped by ``direction``: keys 'faster', 'slower', 'not significant' (in that order).
+    """The names of ``rows`` grouped by outcome: keys 'faster', 'slower', 'not significant' (in that order).
 
-    Baseline rows are left out. Raises TypeError for a value that is not a ComparisonRow.
+    Baseline rows are left out; a suspect row counts as not significant. Raises TypeError for a value that
+    is not a ComparisonRow.
     """
-    groups: dict[str, list[str]] = {"faster": [], "slower": [], "not significant": []}
+    groups: dict[Outcome, list[str]] = {Outcome.FASTER: [], Outcome.SLOWER: [], Outcome.NOT_SIGNIFICANT: []}
     for name, row in rows.items():
-        word = direction(row)
-        if word != "baseline":
-            groups[word].append(name)
-    return {word: tuple(names) for word, names in groups.items()}
+        outcome = _plain_outcome(row)
+        if outcome is not Outcome.BASELINE:
+            groups[outcome].append(name)
+    return {outcome.value: tuple(names) for outcome, names in groups.items()}
+
+
+def _plain_outcome(row: ComparisonRow) -> Outcome:
+    """``row``'s outcome with a suspect speedup read as what it is: not a significant difference."""
+    if not isinstance(row, ComparisonRow):
+        raise TypeError(f"expected a ComparisonRow (comparison[name]), got {type(row).__name__}")
+    return Outcome.NOT_SIGNIFICANT if row.outcome is Outcome.SUSPECT else row.outcome
 
 
 @dataclass(frozen=True)
@@ -365,11 +371,18 @@ class VerdictRow:
     caveat: str
     device: str = "-"
     speedup: float | None = None  # against the comparison's baseline or ``against``, when read from one
+    outcome: Outcome | None = None  # the outcome of the comparison row it was read from (None: not read from one)
     before: tuple[str, ...] = ()  # cells between the trick and the verdict (e.g. the memory it saved)
     columns: tuple[str, ...] = ()  # the titles of ``before``'s cells and of ``measured``, as the table shows them
 
     def summary_rows(self) -> tuple[SummaryRow, ...]:
-        return (SummaryRow(variant="verdict", device=self.device, speedup=self.speedup, verdict=self.measured),)
+        """One row; a table with cells before its verdict (01's vs / warm / cold) puts them in the row's text,
+        each with its title ("vs: folder; warm: 4.91x faster; ..."), since part of what was measured is there."""
+        text = self.measured
+        if self.before:
+            text = "; ".join(f"{title}: {cell}" for title, cell in zip(self.columns, (*self.before, self.measured)))
+        outcome = None if self.outcome is None else self.outcome.value
+        return (SummaryRow(variant="verdict", device=self.device, speedup=self.speedup, verdict=text, outcome=outcome),)
 
     def to_dict(self) -> dict:
         return {
@@ -385,7 +398,7 @@ class VerdictRow:
 class VerdictTable:
     """A notebook's closing table, filled row by row from this run's results.
 
-    Each ``add`` also records the row (``tricks_lib.results.record``), so the main command's summary
+    Each ``add`` also records the row (``tricks_lib.report.results.record``), so the main command's summary
     lists every notebook's verdicts next to its measurements.
 
     Args:
@@ -477,7 +490,8 @@ class VerdictTable:
                     f"add({trick!r}, ..., replicates=True) needs a comparison run with compare(..., replicates=n)"
                 )
             note = f" (each replicate: {', '.join(f'{s:.2f}x' for s in read.replicate_speedups)})" + note
-        row = VerdictRow(trick, measured + note, caveat, device, speedup, before, self.columns[1:-1])
+        outcome = None if read is None else read.outcome
+        row = VerdictRow(trick, measured + note, caveat, device, speedup, outcome, before, self.columns[1:-1])
         self.rows.append(row)
         if self.record_rows:
             record(trick, row)

@@ -38,10 +38,7 @@ from tricks_lib._validate import check_positive
 from tricks_lib.env import pick_device
 from tricks_lib.measurements import Comparison, Measurement, paired_row
 from tricks_lib.progress import optional_progress_bar as _progress_bar
-from tricks_lib.stats import (
-    DEFAULT_MIN_EFFECT,
-    MIN_ROUNDS_FOR_VERDICT,
-)
+from tricks_lib.stats import DEFAULT_MIN_EFFECT, MIN_ROUNDS_FOR_VERDICT
 
 __all__ = [
     "ALLOCATORS",

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tricks_lib.env import describe
-from tricks_lib.summary import Summarizable
+from tricks_lib.outcome import Summarizable
 
 __all__ = ["Record", "load_records", "record"]
 
@@ -54,7 +54,7 @@ def _rows_of(result: Summarizable) -> tuple[str, tuple[dict, ...], str, tuple[di
     if not isinstance(kind, str) or not callable(getattr(result, "summary_rows", None)):
         raise TypeError(
             f"record() takes a Comparison, Measurement, MemoryReport, CompileCost, BatchSearch, DDPResult or VerdictRow, got "
-            f"{type(result).__name__}; time with tricks_lib.bench or measure with tricks_lib.memory first"
+            f"{type(result).__name__}; time with tricks_lib or measure with tricks_lib.memory first"
         )
     summary = tuple(row.to_dict() for row in result.summary_rows())
     details = result.to_dict()

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tricks_lib.formatting import format_bytes, format_seconds, speedup_text
+from tricks_lib.outcome import Outcome
 
 __all__ = [
     "SUMMARY_HTML_NAME",
@@ -62,25 +63,12 @@ def _anchor(notebook: str) -> str:
 
 
 def comparison_groups(rows: Sequence[dict]) -> list[list[dict]]:
-    """The rows of each recorded comparison, in order: consecutive rows of kind "comparison" of one trick.
-
-    A repeated variant name starts a new group (the same trick recorded twice in a row).
-    """
-    groups: list[list[dict]] = []
-    previous = None
+    """The rows of each recorded comparison, in order: the rows of kind "comparison" that one record wrote."""
+    groups: dict[int, list[dict]] = {}
     for row in rows:
-        joins = (
-            previous is not None
-            and row.get("kind") == "comparison"
-            and (previous["notebook"], previous["trick"]) == (row["notebook"], row["trick"])
-            and row["variant"] not in {r["variant"] for r in groups[-1]}
-        )
-        if joins:
-            groups[-1].append(row)
-        elif row.get("kind") == "comparison":
-            groups.append([row])
-        previous = row if row.get("kind") == "comparison" else None
-    return groups
+        if row.get("kind") == "comparison":
+            groups.setdefault(row["record"], []).append(row)
+    return list(groups.values())
 
 
 def _plain(text: str) -> str:
@@ -106,9 +94,7 @@ def _log_ticks(lo: float, hi: float) -> list[float]:
 
 
 def _color(row: dict) -> str:
-    if not row.get("significant"):
-        return _UNCLEAR
-    return _FASTER if row["speedup"] >= 1 else _SLOWER
+    return {Outcome.FASTER: _FASTER, Outcome.SLOWER: _SLOWER}.get(row.get("outcome"), _UNCLEAR)
 
 
 def speedup_plot_png(rows: Sequence[dict], *, dpi: int = 80) -> bytes | None:
@@ -121,10 +107,10 @@ def speedup_plot_png(rows: Sequence[dict], *, dpi: int = 80) -> bytes | None:
     from matplotlib.figure import Figure
     from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullFormatter
 
-    points = [r for r in rows if r.get("verdict") != "baseline" and r.get("speedup") is not None]
+    points = [r for r in rows if r.get("outcome") != Outcome.BASELINE and r.get("speedup") is not None]
     if not points:
         return None
-    baseline = next((r["variant"] for r in rows if r.get("verdict") == "baseline"), "the baseline")
+    baseline = next((r["variant"] for r in rows if r.get("outcome") == Outcome.BASELINE), "the baseline")
     fig = Figure(figsize=(7.0, 0.95 + 0.34 * len(points)), dpi=dpi)
     ax = fig.subplots()
     values = [1.0]
@@ -187,9 +173,9 @@ def _num(text: str) -> str:
     return f'<td class="num">{text}</td>'
 
 
-def _verdict_cell(verdict: str | None) -> str:
-    v = verdict or "-"
-    cls = "faster" if "x faster" in v else "slower" if "x slower" in v else ""
+def _verdict_cell(row: dict) -> str:
+    v = row.get("verdict") or "-"
+    cls = {Outcome.FASTER: "faster", Outcome.SLOWER: "slower"}.get(row.get("outcome"), "")
     return f'<td class="{cls}">{_e(v)}</td>' if cls else f"<td>{_e(v)}</td>"
 
 
@@ -209,7 +195,7 @@ def _measurement_cells(r: dict) -> list[str]:
         _num(_e(rate)),
         _num(_e(speedup_text(r))),
         _e(significant),
-        _verdict_cell(r.get("verdict")),
+        _verdict_cell(r),
         _num(_e(saved)),
         _num(_e(format_bytes(r.get("peak_allocated_bytes")))),
         _e(r.get("device")),
@@ -240,7 +226,7 @@ def _section(notebook: str, status: dict | None, rows: list[dict], verdicts: lis
         parts.append(
             _table(
                 ("trick", "measured here", "device"),
-                [[_e(v["trick"]), _verdict_cell(v.get("verdict")), _e(v.get("device"))] for v in verdicts],
+                [[_e(v["trick"]), _verdict_cell(v), _e(v.get("device"))] for v in verdicts],
             )
         )
     if rows:

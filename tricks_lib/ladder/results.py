@@ -18,8 +18,8 @@ import torch
 
 from tricks_lib._validate import check_positive
 from tricks_lib.formatting import format_bytes, format_seconds, markdown_table
-from tricks_lib.ladder_config import LadderConfig, TrainingRun
-from tricks_lib.summary import SummaryRow
+from tricks_lib.ladder.config import LadderConfig, TrainingRun
+from tricks_lib.outcome import Outcome, SummaryRow
 
 __all__ = ["CompilePayback", "Ladder", "LadderReading", "Rung", "RungResult"]
 
@@ -149,26 +149,35 @@ class Ladder:
     def verdict(self, name: str) -> str:
         """``name``'s time to target against the rung before it: faster / slower when the seeds' ranges do
         not overlap, else "no clear change"; or how many seeds missed the target; or the skip reason."""
-        before = None if self[name].skipped else self.previous(name)
-        return self._read(name, None if before is None else before.name, "the rung before")
+        return self._read(name, self._before(name), "the rung before")[1]
+
+    def outcome(self, name: str) -> Outcome | None:
+        """``name``'s time to target against the rung before it as a value (``verdict`` in words): faster or
+        slower when the seeds' times do not overlap, else not significant; baseline for the first rung; None
+        when there is no time to compare (skipped, or a side missed the target)."""
+        return self._read(name, self._before(name), "the rung before")[0]
 
     def verdict_against(self, name: str, reference: str, *, label: str | None = None) -> str:
         """``name``'s time to target against any rung ``reference`` (e.g. the top rung against the
         baseline), read like ``verdict``: faster or slower only when the seeds' times do not overlap.
         ``label`` names the reference in the sentence (default: its name)."""
-        return self._read(name, self[reference].name, reference if label is None else label)
+        return self._read(name, self[reference].name, reference if label is None else label)[1]
 
-    def _read(self, name: str, reference: str | None, label: str) -> str:
+    def _before(self, name: str) -> str | None:
+        before = None if self[name].skipped else self.previous(name)
+        return None if before is None else before.name
+
+    def _read(self, name: str, reference: str | None, label: str) -> tuple[Outcome | None, str]:
         rung = self[name]
         if rung.skipped:
-            return f"skipped: {rung.skip_reason}"
+            return None, f"skipped: {rung.skip_reason}"
         if rung.mean_time is None:
-            return f"missed the target in {len(rung.runs) - rung.reached} of {len(rung.runs)} seeds"
+            return None, f"missed the target in {len(rung.runs) - rung.reached} of {len(rung.runs)} seeds"
         if reference is None:
-            return "baseline"
+            return Outcome.BASELINE, "baseline"
         before = self[reference]
         if before.mean_time is None:
-            return f"reached the target in every seed ({label} did not)"
+            return None, f"reached the target in every seed ({label} did not)"
         mine, theirs, note = rung.times, before.times, ""
         if _reused_compile(before, rung):
             # The rung before paid the compile; this one reused its graph from the same process, which a
@@ -177,10 +186,10 @@ class Ladder:
             note = ", compile excluded on both sides: this rung reused the graph the rung before compiled"
         ratio = statistics.fmean(theirs) / statistics.fmean(mine)
         if max(mine) < min(theirs):
-            return f"{ratio:.2f}x faster to target than {label} (no seed overlap{note})"
+            return Outcome.FASTER, f"{ratio:.2f}x faster to target than {label} (no seed overlap{note})"
         if min(mine) > max(theirs):
-            return f"{1 / ratio:.2f}x slower to target than {label} (no seed overlap{note})"
-        return f"no clear change ({ratio:.2f}x; the seeds' times overlap{note})"
+            return Outcome.SLOWER, f"{1 / ratio:.2f}x slower to target than {label} (no seed overlap{note})"
+        return Outcome.NOT_SIGNIFICANT, f"no clear change ({ratio:.2f}x; the seeds' times overlap{note})"
 
     def reading(self) -> LadderReading:
         """The ladder's verdicts grouped: which rungs bought time, which cost time, which changed nothing
@@ -189,8 +198,8 @@ class Ladder:
         top, base = self.ran[-1].name, self.ran[0].name
         return LadderReading(
             faster=tuple(r.name for r in ran if self.helped(r.name)),
-            slower=tuple(r.name for r in ran if "slower" in self.verdict(r.name)),
-            unclear=tuple(r.name for r in ran if self.verdict(r.name).startswith("no clear")),
+            slower=tuple(r.name for r in ran if self.outcome(r.name) is Outcome.SLOWER),
+            unclear=tuple(r.name for r in ran if self.outcome(r.name) is Outcome.NOT_SIGNIFICANT),
             missed=tuple(r.name for r in self.ran if r.mean_time is None),
             skipped=tuple(f"{r.name} ({r.skip_reason})" for r in self.rungs if r.skipped),
             stack=self.verdict_against(top, base, label="the baseline") if top != base else "only the baseline ran",
@@ -222,7 +231,7 @@ class Ladder:
 
     def helped(self, name: str) -> bool:
         """True when ``name`` reached the target in every seed, clearly faster than the rung before."""
-        return "faster" in self.verdict(name)
+        return self.outcome(name) is Outcome.FASTER
 
     def speedup(self, name: str) -> float | None:
         """The baseline's mean time to target over ``name``'s (None when either missed the target)."""
@@ -274,6 +283,7 @@ class Ladder:
                 iqr_s=r.time_spread,
                 speedup=None if r.skipped else self.speedup(r.name),
                 verdict=self.verdict(r.name),
+                outcome=None if self.outcome(r.name) is None else self.outcome(r.name).value,
                 items_per_second=None if r.skipped else r.mean("images_per_second"),
                 peak_allocated_bytes=None
                 if r.skipped or r.mean("peak_memory_bytes") is None
@@ -314,7 +324,9 @@ class Ladder:
             if r.skipped:
                 ax_t.annotate("skipped", (x, 0), rotation=90, fontsize=7, color="0.5", ha="center", va="bottom")
                 continue
-            colour = "tab:green" if self.helped(r.name) else "tab:red" if "slower" in self.verdict(r.name) else "0.5"
+            colour = (
+                "tab:green" if self.helped(r.name) else "tab:red" if self.outcome(r.name) is Outcome.SLOWER else "0.5"
+            )
             if r.mean_time is not None:
                 ax_t.bar(x, r.mean_time, color=colour, alpha=0.6)
             ax_t.scatter([x] * len(r.times), r.times, color="k", s=10, zorder=3)

@@ -20,7 +20,7 @@ import torch
 from torch import fx, nn
 from torch.nn.utils.fusion import fuse_conv_bn_eval
 
-from tricks_lib.repvgg import RepVGGBlock
+from tricks_lib.inference.repvgg import RepVGGBlock
 
 __all__ = ["OutputError", "count_modules", "fuse_conv_bn", "output_error", "reparameterize", "serialized_size"]
 

@@ -31,34 +31,17 @@ from jupyter_client.kernelspec import KernelSpecManager
 
 from tricks_lib._atomic import write_bytes_atomic
 from tricks_lib.env import QUICK_ENV_VAR, describe
-from tricks_lib.notebook_source import (  # noqa: F401  (re-exported: these lived here)
-    NotebookSource,
-    find_notebooks,
+from tricks_lib.progress import PROGRESS_ENV_VAR
+from tricks_lib.report.notebook_source import (
     hygiene_problems,
     is_shipped,
-    last_run_seconds,
-    local_path_pattern,
-    locate_notebooks,
     shipped_notebook_dir,
 )
-from tricks_lib.results import NOTEBOOK_ENV_VAR, RESULTS_ENV_VAR, load_records
-from tricks_lib.run_times import record_run_time, recorded_cell_seconds, run_time_line, stamp_run_time
-from tricks_lib.summary import NotebookStatus, write_summary_files
-from tricks_lib.timing import PROGRESS_ENV_VAR
+from tricks_lib.report.results import NOTEBOOK_ENV_VAR, RESULTS_ENV_VAR, load_records
+from tricks_lib.report.run_times import record_run_time, recorded_cell_seconds, run_time_line, stamp_run_time
+from tricks_lib.report.summary import NotebookStatus, write_summary_files
 
-__all__ = [
-    "EarlierResults",
-    "NotebookRun",
-    "NotebookSource",
-    "earlier_results",
-    "find_notebooks",
-    "last_run_seconds",
-    "local_path_pattern",
-    "locate_notebooks",
-    "run_notebooks",
-    "shipped_notebook_dir",
-    "write_summary",
-]
+__all__ = ["EarlierResults", "NotebookRun", "earlier_results", "run_notebooks", "write_summary"]
 
 CURRENT_ENV_KERNEL = "python3"
 # The kernelspec JupyterLab writes for this kernel: a stored notebook with another display name shows
@@ -130,6 +113,8 @@ def earlier_results(out_dir: Path, *, quick: bool) -> EarlierResults | None:
         return EarlierResults(tuple(statuses), False, f"was a {mode}-mode run, this one is {wanted} mode")
     if machine != here:
         return EarlierResults(tuple(statuses), False, f"ran on another machine ({machine})")
+    if any("outcome" not in row for row in earlier.get("measurements", ())):
+        return EarlierResults(tuple(statuses), False, "was written by an older tricks_lib (its rows carry no outcome)")
     return EarlierResults(tuple(statuses), True, "")
 
 
@@ -256,7 +241,7 @@ def run_notebooks(
     """Execute ``paths`` in order; write executed copies (and results) under ``out_dir``.
 
     With ``refresh``, a notebook that ran cleanly and passes ``hygiene_problems`` is also written
-    back in place. Records from ``tricks_lib.results.record`` land in ``out_dir/records.jsonl``.
+    back in place. Records from ``tricks_lib.report.results.record`` land in ``out_dir/records.jsonl``.
     The installed package's shipped notebooks are only read: their kernels start in
     ``out_dir/notebooks`` and their run times go to ``out_dir/run_times.json``.
 

@@ -6,7 +6,7 @@ shapes match) the identity. In eval mode every branch is linear, so their sum is
 bias: the 1x1 kernel is zero-padded to 3x3, the identity is a 3x3 kernel with a 1 at the centre of
 its own channel, and each BatchNorm folds into its branch's kernel and bias.
 
-This module does not import ``tricks_lib.models`` (which re-exports ``RepVGGBlock``).
+This module does not import ``tricks_lib.training.models`` (which re-exports ``RepVGGBlock``).
 """
 
 from __future__ import annotations

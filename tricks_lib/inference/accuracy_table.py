@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 from tricks_lib.formatting import format_bytes, html_table, markdown_table
-from tricks_lib.inference import OutputError
+from tricks_lib.inference.conversions import OutputError
 
 __all__ = ["AccuracyCost", "AccuracyTable"]
 

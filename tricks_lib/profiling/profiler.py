@@ -11,7 +11,7 @@
 - ``py_spy_sample(script, seconds=1)``: py-spy's ``dump`` and ``record`` on a subprocess running
   ``script``; a ``PySpySample`` with the stack dump and the most sampled functions, or the reason it
   failed (not installed, no ptrace permission, a timeout), never a hang.
-- ``plot_trace`` (from ``tricks_lib.trace``): the timeline of an exported profiler trace.
+- ``plot_trace`` (from ``tricks_lib.profiling.trace``): the timeline of an exported profiler trace.
 """
 
 from __future__ import annotations
@@ -33,9 +33,8 @@ import torch
 from tricks_lib._validate import check_flag, check_non_negative_int, check_positive
 from tricks_lib.env import pick_device
 from tricks_lib.formatting import format_seconds, html_table, markdown_table
-from tricks_lib.summary import SummaryRow
+from tricks_lib.outcome import SummaryRow
 from tricks_lib.timed_blocks import synced_timer as _synced_timer
-from tricks_lib.trace import plot_trace
 
 __all__ = [
     "JITTER_SCRIPT",
@@ -43,7 +42,6 @@ __all__ = [
     "PySpySample",
     "StepSplit",
     "next_batch",
-    "plot_trace",
     "py_spy_sample",
     "read_jitter_forever",
     "step_split",
@@ -305,7 +303,7 @@ def read_jitter_forever(*, samples: int = 64, size: int = 16) -> None:
 
 
 # Python source for py_spy_sample: the slow dataset read in a loop, in the subprocess.
-JITTER_SCRIPT = "from tricks_lib.profiling import read_jitter_forever; read_jitter_forever()"
+JITTER_SCRIPT = "from tricks_lib.profiling.profiler import read_jitter_forever; read_jitter_forever()"
 
 
 def without_local_paths(text: str) -> str:

@@ -28,8 +28,9 @@ import torch
 
 from tricks_lib._validate import check_positive
 from tricks_lib.env import pick_device
-from tricks_lib.memory import format_bytes, measure_memory
-from tricks_lib.summary import SummaryRow
+from tricks_lib.formatting import format_bytes
+from tricks_lib.memory import measure_memory
+from tricks_lib.outcome import SummaryRow
 
 __all__ = ["BatchProbe", "BatchSearch", "largest_batch"]
 

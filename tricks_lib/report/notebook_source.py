@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tricks_lib.run_times import LEDGER_NAME
+from tricks_lib.report.run_times import LEDGER_NAME
 
 __all__ = [
     "NotebookSource",
@@ -46,13 +46,16 @@ class NotebookSource:
         return f"{self.folder} ({self.origin})"
 
 
+_PACKAGE = Path(__file__).resolve().parents[1]  # tricks_lib/ (this module is tricks_lib/report/notebook_source.py)
+
+
 def shipped_notebook_dir() -> Path:
     """The notebooks an installed package ships (``tricks_lib/notebooks/``; absent in a checkout)."""
-    return Path(__file__).resolve().parent / "notebooks"
+    return _PACKAGE / "notebooks"
 
 
 def _checkout_notebook_dir() -> Path | None:
-    root = Path(__file__).resolve().parent.parent
+    root = _PACKAGE.parent
     folder = root / "notebooks"
     return folder if (root / "pyproject.toml").is_file() and any(folder.glob("*.ipynb")) else None
 
@@ -74,7 +77,7 @@ def locate_notebooks(explicit: Path | None = None) -> NotebookSource:
     if any(shipped.glob("*.ipynb")):
         return NotebookSource(shipped, "installed package")
     raise ValueError(
-        f"no notebooks found: this tricks_lib ({Path(__file__).resolve().parent}) is neither a checkout nor an "
+        f"no notebooks found: this tricks_lib ({_PACKAGE}) is neither a checkout nor an "
         "install that ships them; pass --notebooks DIR (a folder of .ipynb files, e.g. a clone's notebooks/)"
     )
 

@@ -2,7 +2,7 @@
 
 One training function, ``train_to_target(config, data, seed=...)``, whose tricks are the fields of
 one frozen ``LadderConfig``: every rung of the ladder runs this same code with one option changed.
-It trains airbench94's network (``tricks_lib.airbench``) on a fixed schedule, evaluates after each
+It trains airbench94's network (``tricks_lib.ladder.airbench``) on a fixed schedule, evaluates after each
 epoch and stops at the first evaluation at or above the target (``run_to_target``), as DAWNBench
 and airbench measure "time to 94%". Each stretch (setup, each epoch, each evaluation) is timed
 like a first call (``time_first_call``: device synchronized before and after), because a whole
@@ -10,8 +10,8 @@ training run is a one-off cost, not a loop to average; compile time lands inside
 and is also reported on its own.
 
 The data (``ImageData``, ``photo_data``, ``cifar10_data``, ``augment_batch``) live in
-``tricks_lib.tensor_images`` and the results (``Rung``, ``RungResult``, ``Ladder``) in
-``tricks_lib.ladder_results``; both are importable from here too.
+``tricks_lib.ladder.images`` and the results (``Rung``, ``RungResult``, ``Ladder``) in
+``tricks_lib.ladder.results``; both are importable from here too.
 
 ``run_ladder(base, rungs, data, seeds=...)`` stacks the rungs (each keeps the changes before it),
 trains every rung from the same seeds and returns a ``Ladder`` (mean and spread over seeds, a
@@ -26,32 +26,16 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from tricks_lib.airbench import init_whitening, make_airbench94
 from tricks_lib.env import pick_device
-from tricks_lib.ladder_config import LadderConfig, TargetTrace, TrainingRun
-from tricks_lib.ladder_results import Ladder, Rung, RungResult
+from tricks_lib.ladder.airbench import init_whitening, make_airbench94
+from tricks_lib.ladder.config import LadderConfig, TargetTrace, TrainingRun
+from tricks_lib.ladder.images import HostAugmentedDataset, ImageData, augment_batch
+from tricks_lib.ladder.results import Ladder, Rung, RungResult
 from tricks_lib.memory import measure_memory
 from tricks_lib.progress import optional_progress_bar
-from tricks_lib.tensor_images import HostAugmentedDataset, ImageData, augment_batch, cifar10_data, photo_data
 from tricks_lib.timing import time_first_call
 
-__all__ = [
-    "ImageData",
-    "Ladder",
-    "LadderConfig",
-    "Rung",
-    "RungResult",
-    "TargetTrace",
-    "TrainingRun",
-    "augment_batch",
-    "cifar10_data",
-    "lr_factor",
-    "photo_data",
-    "run_ladder",
-    "run_to_target",
-    "train_to_target",
-    "unsupported_reason",
-]
+__all__ = ["lr_factor", "run_ladder", "run_to_target", "train_to_target", "unsupported_reason"]
 
 
 def lr_factor(step: int, total_steps: int, warmup_fraction: float, *, start: float = 0.2, end: float = 0.07) -> float:
@@ -349,7 +333,7 @@ def unsupported_reason(changes: dict, device: str | torch.device) -> str | None:
     needs a device whose autocast type is bf16 (``training.autocast_dtype``: CPUs, CUDA from compute
     capability 8.0; below it bf16 is emulated).
     """
-    from tricks_lib.training import autocast_dtype
+    from tricks_lib.training.steps import autocast_dtype
 
     dev = torch.device(device)
     wanted = changes.get("autocast_dtype")

@@ -3,8 +3,8 @@
 Each result type owns its rows (``result.summary_rows()``), so ``record()`` takes any of them and
 the writer never guesses keys. ``summary.json`` holds the machine, the notebooks' status and one
 row per variant; ``summary.md`` is the same as tables; ``summary.html`` adds each comparison's
-speedup plot (``tricks_lib.summary_html``, drawn from the same document, so the three never disagree).
-The rows of the notebooks' verdict tables (``tricks_lib.verdicts``) go to their own list, "verdicts",
+speedup plot (``tricks_lib.report.summary_html``, drawn from the same document, so the three never disagree).
+The rows of the notebooks' verdict tables (``tricks_lib.report.verdicts``) go to their own list, "verdicts",
 with the same keys. ``SUMMARY_ROW_KEYS`` pins the row schema (tests/test_summary.py checks the files
 against it).
 """
@@ -16,9 +16,10 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from tricks_lib.formatting import format_bytes, format_seconds, markdown_cell, speedup_text
+from tricks_lib.outcome import SummaryRow
 
 if TYPE_CHECKING:
     from tricks_lib.env import EnvInfo
@@ -26,41 +27,13 @@ if TYPE_CHECKING:
 __all__ = [
     "SUMMARY_ROW_KEYS",
     "NotebookStatus",
-    "Summarizable",
-    "SummaryRow",
-    "speedup_text",
     "summary_rows",
     "write_summary_files",
 ]
 
 
-@dataclass(frozen=True)
-class SummaryRow:
-    """One variant of one measured trick, as the summary lists it (None: not measured for this row)."""
-
-    variant: str
-    device: str
-    median_s: float | None = None
-    iqr_s: float | None = None
-    speedup: float | None = None  # against the comparison's baseline; > 1 is faster
-    verdict: str | None = None
-    items_per_second: float | None = None
-    saved_bytes: int | None = None
-    peak_saved_bytes: int | None = None
-    peak_allocated_bytes: int | None = None
-    noisy: bool | None = None  # the spread (IQR) is more than 10% of the median: read with care
-    # The paired confidence interval of ``speedup`` and whether it clears the comparison's threshold
-    # (comparisons only; None for the baseline and for results that are not paired comparisons).
-    speedup_low: float | None = None
-    speedup_high: float | None = None
-    significant: bool | None = None
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-
 class RecordLike(Protocol):
-    """What the summary reads of a ``tricks_lib.results.Record`` (kept apart: results imports this module)."""
+    """What the summary reads of a ``tricks_lib.report.results.Record`` (kept apart: results imports this module)."""
 
     notebook: str
     trick: str
@@ -69,19 +42,11 @@ class RecordLike(Protocol):
     summary: tuple[dict, ...]
 
 
-class Summarizable(Protocol):
-    """What ``record()`` accepts: a result that names its kind and renders its own summary rows and details."""
-
-    record_kind: ClassVar[str]
-
-    def summary_rows(self) -> tuple[SummaryRow, ...]: ...
-
-    def to_dict(self) -> dict: ...
-
-
 # The keys of every row of summary.json's "measurements" (and "verdicts"), in order. "kind" is the
 # result's type as recorded ("comparison", "measurement", "memory", "compile", ..., "verdict").
-SUMMARY_ROW_KEYS = ("notebook", "trick", "kind", *(f.name for f in dataclasses.fields(SummaryRow)))
+# "record" numbers the records of the run in order: the rows one result wrote share it (a comparison's
+# variants), so nothing downstream regroups rows by adjacency.
+SUMMARY_ROW_KEYS = ("notebook", "trick", "kind", "record", *(f.name for f in dataclasses.fields(SummaryRow)))
 
 
 @dataclass(frozen=True)
@@ -101,41 +66,6 @@ def _time(seconds: float | None) -> str:
     return "-" if seconds is None else format_seconds(seconds)
 
 
-def _paired(rec: RecordLike, row: dict) -> dict:
-    """A comparison's interval and significance for ``row``, from the record's details when the row lacks them.
-
-    Records written before the summary row carried them (an earlier run merged into this one) hold
-    them only in their details (``speedup_ci``, ``significant``).
-    """
-    if rec.kind != "comparison" or row.get("verdict") == "baseline":
-        return {}
-    detail = next((d for d in rec.rows if str(d.get("variant")) == str(row.get("variant"))), {})
-    low, high = (list(detail.get("speedup_ci") or ()) + [None, None])[:2]
-    filled = {"speedup_low": low, "speedup_high": high, "significant": detail.get("significant")}
-    return {k: v for k, v in filled.items() if row.get(k) is None and v is not None}
-
-
-def _verdict_cells(rec: RecordLike, row: dict) -> dict:
-    """A verdict row's text with the table's other measured cells (e.g. 01's vs / warm / cold).
-
-    A table with cells before its verdict column puts part of what was measured there; the summary's
-    one "measured here" column then reads "vs: folder; warm: 4.91x faster; cold: 5.27x faster; not
-    faster here: -" instead of a bare "-". Records written before the titles were kept join the cells
-    without them.
-    """
-    if rec.kind != "verdict" or not rec.rows:
-        return {}
-    detail = rec.rows[0]
-    before = [str(c) for c in detail.get("before") or ()]
-    if not before:
-        return {}
-    cells = [*before, str(detail.get("measured", row.get("verdict")))]
-    titles = list(detail.get("columns") or ())
-    if len(titles) == len(cells):
-        cells = [f"{title}: {cell}" for title, cell in zip(titles, cells)]
-    return {"verdict": "; ".join(cells)}
-
-
 def summary_rows(records: Sequence[RecordLike], *, verdicts: bool = False) -> list[dict]:
     """Rows of summary.json: each record's own summary rows, stamped with its names and kind.
 
@@ -143,12 +73,11 @@ def summary_rows(records: Sequence[RecordLike], *, verdicts: bool = False) -> li
     row has exactly ``SUMMARY_ROW_KEYS``, in order (a key an older record lacks reads None).
     """
     out = []
-    for rec in records:
+    for number, rec in enumerate(records):
         if (rec.kind == "verdict") != verdicts:
             continue
         for row in rec.summary:
-            full = {"notebook": rec.notebook, "trick": rec.trick, "kind": rec.kind, **row, **_paired(rec, row)}
-            full |= _verdict_cells(rec, row)
+            full = {"notebook": rec.notebook, "trick": rec.trick, "kind": rec.kind, "record": number, **row}
             out.append({key: full.get(key) for key in SUMMARY_ROW_KEYS})
     return out
 
@@ -214,10 +143,10 @@ def write_summary_files(
 ) -> tuple[Path, Path]:
     """Write ``summary.json``, ``summary.md`` and ``summary.html`` into ``out_dir`` (each atomically).
 
-    Returns (md, json); the HTML page is ``out_dir/summary.html`` (``tricks_lib.summary_html``).
+    Returns (md, json); the HTML page is ``out_dir/summary.html`` (``tricks_lib.report.summary_html``).
     """
     from tricks_lib._atomic import write_bytes_atomic
-    from tricks_lib.summary_html import write_summary_html
+    from tricks_lib.report.summary_html import write_summary_html
 
     rows, verdicts = summary_rows(records), summary_rows(records, verdicts=True)
     summary = {

@@ -1,0 +1,70 @@
+"""Model design: what FLOPs miss, the probe blocks of ShuffleNetV2's and TRT-ViT's guidelines, pruning, distillation.
+
+Modules: ``flops`` (FLOPs and memory access cost with ``FlopCounterMode``; ranking by FLOPs vs latency),
+``probe_blocks`` (the equal-FLOP probe networks and their tables), ``pruning`` (magnitude pruning sweeps and
+structured channel slicing), ``distill`` (the distillation loss and its gains over seeds).
+"""
+
+from tricks_lib.design.distill import DistillationGains, distillation_gains, distillation_loss, paired_gain_verdict
+from tricks_lib.design.flops import (
+    FlopRanking,
+    conv1x1_memory_access_cost,
+    conv_memory_access_cost,
+    count_flops,
+    count_memory_access,
+    rank_by_flops,
+)
+from tricks_lib.design.probe_blocks import (
+    HYBRID_LAYOUTS,
+    SHUFFLENET_V2_TABLES,
+    ProbeTable,
+    ProbeTrends,
+    bottleneck_net,
+    channel_ratio_net,
+    fragment_net,
+    fragment_width,
+    group_conv_net,
+    group_widths,
+    hybrid_net,
+    hybrid_nets,
+    paper_throughput_ratios,
+    probe_input,
+    ratio_channels,
+    shufflenet_v2_probes,
+    trend_against_paper,
+)
+from tricks_lib.design.pruning import SparsitySweep, kept_channel_counts, magnitude_prune, prune_conv_channels
+
+__all__ = [
+    "DistillationGains",
+    "FlopRanking",
+    "HYBRID_LAYOUTS",
+    "ProbeTable",
+    "ProbeTrends",
+    "SHUFFLENET_V2_TABLES",
+    "SparsitySweep",
+    "bottleneck_net",
+    "channel_ratio_net",
+    "conv1x1_memory_access_cost",
+    "conv_memory_access_cost",
+    "count_flops",
+    "count_memory_access",
+    "distillation_gains",
+    "distillation_loss",
+    "fragment_net",
+    "fragment_width",
+    "group_conv_net",
+    "group_widths",
+    "hybrid_net",
+    "hybrid_nets",
+    "kept_channel_counts",
+    "magnitude_prune",
+    "paired_gain_verdict",
+    "paper_throughput_ratios",
+    "probe_input",
+    "prune_conv_channels",
+    "rank_by_flops",
+    "ratio_channels",
+    "shufflenet_v2_probes",
+    "trend_against_paper",
+]

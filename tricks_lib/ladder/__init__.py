@@ -1,0 +1,49 @@
+"""The capstone's training ladder: airbench94's network and recipe, one rung of tricks at a time.
+
+Modules: ``airbench`` (the network, its whitening init, the published records), ``config`` (``LadderConfig``:
+the rungs are its fields), ``images`` (the photos or CIFAR-10 as tensors, and batch augmentation),
+``run`` (``run_ladder``, ``run_to_target``: one training function for every rung), ``results`` (each rung's
+runs over seeds and its verdict).
+"""
+
+from tricks_lib.ladder.airbench import (
+    AIRBENCH94_WIDTHS,
+    Airbench94,
+    PublishedRecord,
+    RecordComparison,
+    airbench94_parameter_count,
+    init_whitening,
+    make_airbench94,
+)
+from tricks_lib.ladder.config import LadderConfig, TargetTrace, TrainingRun
+from tricks_lib.ladder.images import HostAugmentedDataset, ImageData, augment_batch, cifar10_data, photo_data
+from tricks_lib.ladder.results import CompilePayback, Ladder, LadderReading, Rung, RungResult
+from tricks_lib.ladder.run import lr_factor, run_ladder, run_to_target, train_to_target, unsupported_reason
+
+__all__ = [
+    "AIRBENCH94_WIDTHS",
+    "Airbench94",
+    "CompilePayback",
+    "HostAugmentedDataset",
+    "ImageData",
+    "Ladder",
+    "LadderConfig",
+    "LadderReading",
+    "PublishedRecord",
+    "RecordComparison",
+    "Rung",
+    "RungResult",
+    "TargetTrace",
+    "TrainingRun",
+    "airbench94_parameter_count",
+    "augment_batch",
+    "cifar10_data",
+    "init_whitening",
+    "lr_factor",
+    "make_airbench94",
+    "photo_data",
+    "run_ladder",
+    "run_to_target",
+    "train_to_target",
+    "unsupported_reason",
+]

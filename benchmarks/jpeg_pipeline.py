@@ -105,7 +105,7 @@ def main(argv):
     import cv2
     import simplejpeg
 
-    from tricks_lib.comparing import compare
+    from tricks_lib.comparing import Budget, compare
     from tricks_lib.data.images import encode_image, render_photos
     from tricks_lib.data.jpeg_pipeline import JpegBatchDataset, JpegLoader, limit_worker_threads, pipeline_efficiency
     from tricks_lib.env import describe
@@ -133,7 +133,7 @@ def main(argv):
         "PIL": lambda: [pil(b) for b in jpegs],
     }
     rounds = 8 if quick else 15
-    single = compare(decoders, baseline="simplejpeg", items=count, min_rounds=rounds, label="one core")
+    single = compare(decoders, baseline="simplejpeg", items=count, budget=Budget(min_rounds=rounds), label="one core")
     results["single_core_samples_per_s"] = {r.name: r.measurement.items_per_second for r in single.rows}
 
     batch = torch.empty((BATCH, SIZE, SIZE, 3), dtype=torch.uint8)
@@ -177,7 +177,12 @@ def main(argv):
     variants = {"decode, 1 core": one_core, f"{cores} independent processes": independent}
     variants |= {name: epoch(loader) for name, loader in loaders.items()}
     pipelines = compare(
-        variants, baseline="decode, 1 core", items=count, min_rounds=rounds, progress=not quick, label="one epoch"
+        variants,
+        baseline="decode, 1 core",
+        items=count,
+        budget=Budget(min_rounds=rounds),
+        progress=not quick,
+        label="one epoch",
     )
     efficiency = pipeline_efficiency(pipelines, "decode, 1 core", cores=cores)
     results["pipelines"] = {
@@ -192,7 +197,7 @@ def main(argv):
         {"decode, 1 core": one_core, best: variants[best]},
         baseline="decode, 1 core",
         items=count,
-        min_rounds=rounds,
+        budget=Budget(min_rounds=rounds),
         label="the best pipeline, alone with the reference",
     )
     results["best_pipeline"] = {

@@ -37,7 +37,7 @@ def make_samples(n: int) -> list[dict]:
 
 
 def main(argv: list[str]) -> int:
-    from tricks_lib.comparing import compare
+    from tricks_lib.comparing import Budget, compare
     from tricks_lib.data.cache import drop_from_page_cache, evict_from_page_cache
     from tricks_lib.data.shard_index import index_file_path
     from tricks_lib.data.shards import TarShardDataset, write_tar_shards
@@ -92,7 +92,7 @@ def main(argv: list[str]) -> int:
         cmp = compare(
             variants,
             baseline="every header",
-            min_run_time=0.3 if quick else 2.0,
+            budget=Budget(min_run_time=0.3 if quick else 2.0),
             label=f"construct TarShardDataset over {shards_count} shards of {SAMPLES_PER_SHARD} samples",
             more_work=more_work,
         )

@@ -71,7 +71,7 @@ def run_case(label: str, size: int, count: int, quick: bool) -> dict:
     """One sample size: check that the readers agree, then time them interleaved."""
     import webdataset as wds
 
-    from tricks_lib.comparing import compare
+    from tricks_lib.comparing import Budget, compare
     from tricks_lib.data import TarShardDataset, index_tar_shard, write_tar_shards
 
     samples = make_samples(count, size)
@@ -117,7 +117,7 @@ def run_case(label: str, size: int, count: int, quick: bool) -> dict:
         },
         baseline="webdataset",
         items=count,
-        min_run_time=0.2 if quick else 2.0,
+        budget=Budget(min_run_time=0.2 if quick else 2.0),
         label=f"{label} samples",
     )
     case = {
@@ -156,7 +156,7 @@ def run_loader_case(label: str, size: int, count: int, quick: bool) -> dict:
     import webdataset as wds
     from torch.utils.data import DataLoader
 
-    from tricks_lib.comparing import compare
+    from tricks_lib.comparing import Budget, compare
     from tricks_lib.data import TarShardDataset, write_tar_shards
 
     samples = make_samples(count, size)
@@ -199,7 +199,7 @@ def run_loader_case(label: str, size: int, count: int, quick: bool) -> dict:
         baseline=baseline,
         items=count,
         replicates=2 if quick else 3,
-        min_run_time=0.2 if quick else 2.0,
+        budget=Budget(min_run_time=0.2 if quick else 2.0),
         label=f"{label} samples, DataLoader with {LOADER_WORKERS} workers",
     )
     ours, theirs = "TarShardDataset, batched in workers", "webdataset, batched in workers"
@@ -222,7 +222,7 @@ def run_loader_case(label: str, size: int, count: int, quick: bool) -> dict:
 
 def run_cold_case(label: str, size: int, count: int, quick: bool) -> dict:
     """Cold page cache: the tar reader against f.read() of each whole shard, both after the same drop."""
-    from tricks_lib.comparing import compare
+    from tricks_lib.comparing import Budget, compare
     from tricks_lib.data import TarShardDataset, drop_from_page_cache, evict_from_page_cache, write_tar_shards
 
     samples = make_samples(count, size)
@@ -262,7 +262,7 @@ def run_cold_case(label: str, size: int, count: int, quick: bool) -> dict:
         baseline=reference,
         items=count,
         more_work={reference: drop_only, "TarShardDataset": drop_only},
-        min_run_time=0.2 if quick else 2.0,
+        budget=Budget(min_run_time=0.2 if quick else 2.0),
         label=f"{label} samples, cold page cache",
     )
     ours = cmp["TarShardDataset"]

@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from tricks_lib.comparing import compare
+from tricks_lib.comparing import Budget, compare
 from tricks_lib.formatting import format_seconds
 from tricks_lib.measurements import Comparison, Measurement
 from tricks_lib.stats import median_interval
@@ -66,10 +66,7 @@ def test_measure_runs_warmup_before_timing(monkeypatch):
     compare(
         {"a": lambda: calls.append(1), "b": lambda: calls.append(1)},
         baseline="a",
-        warmup=2,
-        number=1,
-        min_rounds=8,
-        max_rounds=8,
+        budget=Budget(warmup=2, number=1, min_rounds=8, max_rounds=8),
         device="cpu",
     )
     assert calls_when_timing_starts == [4, 4]  # both variants warmed up twice before any timer exists
@@ -89,10 +86,7 @@ def test_interleaving_order_is_round_by_round():
     compare(
         {"A": lambda: log.append("A"), "B": lambda: log.append("B")},
         baseline="A",
-        number=1,
-        warmup=0,
-        min_rounds=8,
-        max_rounds=8,
+        budget=Budget(number=1, warmup=0, min_rounds=8, max_rounds=8),
         device="cpu",
     )
     rounds = [log[i : i + 2] for i in range(0, len(log), 2)]
@@ -105,12 +99,8 @@ def test_variant_order_is_shuffled_per_round_and_seeded():
         compare(
             {name: (lambda n=name: log.append(n)) for name in "ABCD"},
             baseline="A",
-            number=1,
-            warmup=0,
-            min_rounds=12,
-            max_rounds=12,
+            budget=Budget(number=1, warmup=0, min_rounds=12, max_rounds=12, order_seed=seed),
             device="cpu",
-            order_seed=seed,
         )
         return [tuple(log[i : i + 4]) for i in range(0, len(log), 4)]
 
@@ -136,7 +126,10 @@ def test_a_position_effect_is_not_read_as_a_speedup(monkeypatch):
     monkeypatch.setattr(bench, "run_block", run_block)
     monkeypatch.setattr(bench, "_calibrate", lambda timer, target: 1)
     c = compare(
-        {"A": lambda: None, "A again": lambda: None}, baseline="A", warmup=0, min_rounds=40, max_rounds=40, device="cpu"
+        {"A": lambda: None, "A again": lambda: None},
+        baseline="A",
+        budget=Budget(warmup=0, min_rounds=40, max_rounds=40),
+        device="cpu",
     )
     assert not c["A again"].significant, c
 
@@ -146,7 +139,7 @@ def test_heavier_variant_measured_faster_is_flagged(monkeypatch):
     c = compare(
         {"decode": lambda: None, "decode + convert": lambda: None, "decode twice": lambda: None},
         baseline="decode",
-        min_run_time=0.5,
+        budget=Budget(min_run_time=0.5),
         device="cpu",
         more_work={"decode + convert": "decode", "decode twice": "decode"},
     )
@@ -159,7 +152,12 @@ def test_heavier_variant_measured_faster_is_flagged(monkeypatch):
 
 def test_versus_reads_one_variant_against_another(monkeypatch):
     fake_clock(monkeypatch, {"a": 1e-3, "b": 2e-3, "c": 4e-3})
-    c = compare({"a": lambda: None, "b": lambda: None, "c": lambda: None}, baseline="a", min_run_time=0.5, device="cpu")
+    c = compare(
+        {"a": lambda: None, "b": lambda: None, "c": lambda: None},
+        baseline="a",
+        budget=Budget(min_run_time=0.5),
+        device="cpu",
+    )
     c_vs_b = c.versus("c", "b")
     assert c_vs_b.speedup == pytest.approx(0.5, rel=0.03) and c_vs_b.significant
     assert c_vs_b.verdict.endswith("x slower") and c_vs_b.ci_high < 1
@@ -184,8 +182,7 @@ def test_progress_bars_do_not_change_results(capsys, monkeypatch):
     c = compare(
         {"a": busy(0.0005), "b": busy(0.0005)},
         baseline="a",
-        min_rounds=8,
-        min_run_time=0.01,
+        budget=Budget(min_rounds=8, min_run_time=0.01),
         device="cpu",
         progress=True,
     )
@@ -196,7 +193,9 @@ def test_progress_bars_do_not_change_results(capsys, monkeypatch):
 
 def test_identical_variants_are_not_significant():
     work = busy(0.001)
-    c = compare({"A": work, "A again": work}, baseline="A", min_rounds=20, min_run_time=0.04, device="cpu")
+    c = compare(
+        {"A": work, "A again": work}, baseline="A", budget=Budget(min_rounds=20, min_run_time=0.04), device="cpu"
+    )
     row = c["A again"]
     assert not row.significant
     assert row.verdict == "not significant"
@@ -205,7 +204,9 @@ def test_identical_variants_are_not_significant():
 
 def test_real_difference_is_significant_with_the_right_direction(monkeypatch):
     fake_clock(monkeypatch, {"fast": 1e-3, "slow": 2e-3}, noise=0.05)
-    c = compare({"fast": lambda: None, "slow": lambda: None}, baseline="fast", min_run_time=0.5, device="cpu")
+    c = compare(
+        {"fast": lambda: None, "slow": lambda: None}, baseline="fast", budget=Budget(min_run_time=0.5), device="cpu"
+    )
     slow = c["slow"]
     assert slow.significant
     assert slow.speedup == pytest.approx(0.5, rel=0.05)
@@ -233,19 +234,22 @@ def test_small_consistent_difference_is_not_a_speedup(monkeypatch):
     # 4% more work is a real, consistent difference, but below the 5% minimum effect: about what a
     # speedup moves between two runs of the main command on a shared machine (stats.DEFAULT_MIN_EFFECT).
     fake_clock(monkeypatch, {"a": 1e-3, "b": 1.04e-3})
-    c = compare({"a": lambda: None, "b": lambda: None}, baseline="a", min_run_time=0.5, device="cpu")
+    c = compare({"a": lambda: None, "b": lambda: None}, baseline="a", budget=Budget(min_run_time=0.5), device="cpu")
     assert c["b"].ci_high < 1.0  # consistently slower...
     assert not c["b"].significant  # ...but not by enough to be called anything
     fake_clock(monkeypatch, {"a": 1e-3, "b": 1.3e-3})
     strict = compare(
-        {"a": lambda: None, "b": lambda: None}, baseline="a", min_run_time=0.5, device="cpu", min_effect=0.05
+        {"a": lambda: None, "b": lambda: None},
+        baseline="a",
+        budget=Budget(min_run_time=0.5, min_effect=0.05),
+        device="cpu",
     )
     assert strict["b"].significant and strict["b"].speedup == pytest.approx(1 / 1.3, rel=0.02)
 
 
 def test_noise_alone_is_not_significant(monkeypatch):
     fake_clock(monkeypatch, {"a": 1e-3, "b": 1e-3}, noise=0.2)
-    c = compare({"a": lambda: None, "b": lambda: None}, baseline="a", min_run_time=0.5, device="cpu")
+    c = compare({"a": lambda: None, "b": lambda: None}, baseline="a", budget=Budget(min_run_time=0.5), device="cpu")
     assert not c["b"].significant and c["b"].verdict == "not significant"
 
 
@@ -253,7 +257,11 @@ def test_compare_items_per_variant_compares_throughput(monkeypatch):
     # b takes twice as long per call but does four times the items: twice the throughput.
     fake_clock(monkeypatch, {"a": 1e-3, "b": 2e-3})
     c = compare(
-        {"a": lambda: None, "b": lambda: None}, baseline="a", items={"a": 10, "b": 40}, min_run_time=0.5, device="cpu"
+        {"a": lambda: None, "b": lambda: None},
+        baseline="a",
+        items={"a": 10, "b": 40},
+        budget=Budget(min_run_time=0.5),
+        device="cpu",
     )
     assert c["b"].measurement.items == 40 and c.per_item
     assert c["b"].speedup == pytest.approx(2.0, rel=0.02)
@@ -264,11 +272,16 @@ def test_compare_items_per_variant_compares_throughput(monkeypatch):
 
 def test_too_few_rounds_is_an_error_not_a_silent_verdict():
     with pytest.raises(ValueError, match="at least 8"):
-        compare({"a": busy(0.001), "b": busy(0.003)}, baseline="a", min_rounds=5, device="cpu")
+        compare({"a": busy(0.001), "b": busy(0.003)}, baseline="a", budget=Budget(min_rounds=5), device="cpu")
 
 
 def test_comparison_renders_table_markdown_and_plot():
-    c = compare({"a": busy(0.0005), "b": busy(0.0005)}, baseline="a", min_rounds=10, min_run_time=0.02, device="cpu")
+    c = compare(
+        {"a": busy(0.0005), "b": busy(0.0005)},
+        baseline="a",
+        budget=Budget(min_rounds=10, min_run_time=0.02),
+        device="cpu",
+    )
     assert isinstance(c, Comparison)
     md = c.to_markdown()
     assert "| a |" in md and "| b |" in md and "baseline" in md
@@ -286,7 +299,13 @@ def test_comparison_renders_table_markdown_and_plot():
 def test_compare_with_memory_column():
     lin = torch.nn.Linear(8, 8)
     x = torch.randn(4, 8)
-    c = compare({"fwd": lambda: lin(x)}, baseline="fwd", memory=True, min_rounds=10, min_run_time=0.01, device="cpu")
+    c = compare(
+        {"fwd": lambda: lin(x)},
+        baseline="fwd",
+        memory=True,
+        budget=Budget(min_rounds=10, min_run_time=0.01),
+        device="cpu",
+    )
     assert c["fwd"].memory is not None
     assert "saved for backward" in c.to_markdown()
 
@@ -319,17 +338,21 @@ def test_time_first_call_and_format():
         (lambda: compare([lambda: None], baseline="a"), TypeError, "dict"),
         (lambda: compare({"a": 1}, baseline="a"), TypeError, "callable"),
         (lambda: compare({"a": lambda: None}, baseline="b"), ValueError, "baseline 'b'"),
-        (lambda: compare({"a": lambda: None}, baseline="a", min_run_time=0), ValueError, "positive"),
+        (lambda: compare({"a": lambda: None}, baseline="a", budget=Budget(min_run_time=0)), ValueError, "positive"),
         (lambda: compare({"a": lambda: None}, baseline="a", items={"zz": 3}), ValueError, "unknown"),
-        (lambda: compare({"a": lambda: None}, baseline="a", min_rounds=9, max_rounds=8), ValueError, "max_rounds"),
-        (lambda: compare({"a": lambda: None}, baseline="a", min_effect=2), ValueError, "min_effect"),
+        (
+            lambda: compare({"a": lambda: None}, baseline="a", budget=Budget(min_rounds=9, max_rounds=8)),
+            ValueError,
+            "max_rounds",
+        ),
+        (lambda: compare({"a": lambda: None}, baseline="a", budget=Budget(min_effect=2)), ValueError, "min_effect"),
         (lambda: time_first_call(None), TypeError, "callable"),
         (lambda: measure(lambda: None, min_blocks=0), ValueError, "positive"),
         (lambda: measure(lambda: None, progress=1), TypeError, "True or False"),
         (lambda: compare({"a": lambda: None}, baseline="a", more_work={"a": "zz"}), ValueError, "more_work"),
         (lambda: compare({"a": lambda: None}, baseline="a", more_work={"a": "a"}), ValueError, "itself"),
         (lambda: compare({"a": lambda: None}, baseline="a", more_work=["a"]), TypeError, "more_work"),
-        (lambda: compare({"a": lambda: None}, baseline="a", order_seed=-1), ValueError, "0 or more"),
+        (lambda: compare({"a": lambda: None}, baseline="a", budget=Budget(order_seed=-1)), ValueError, "0 or more"),
         (lambda: compare({"a": lambda: None}, baseline="a", memory="yes"), TypeError, "True or False"),
     ],
 )
@@ -355,7 +378,12 @@ def test_every_timed_block_is_bracketed_by_cuda_syncs(monkeypatch):
     real_sync = torch.cuda.synchronize
     monkeypatch.setattr(bench.torch.cuda, "synchronize", lambda device=None: (syncs.append(1), real_sync(device)))
     a = torch.randn(256, 256, device="cuda")
-    c = compare({"mm": lambda: a @ a}, baseline="mm", number=1, warmup=0, min_rounds=8, max_rounds=8, device="cuda")
+    c = compare(
+        {"mm": lambda: a @ a},
+        baseline="mm",
+        budget=Budget(number=1, warmup=0, min_rounds=8, max_rounds=8),
+        device="cuda",
+    )
     assert c.rounds == 8
     assert len(syncs) >= 2 * 8  # a clock read before and after each block, each one synchronized
 
@@ -406,7 +434,7 @@ def test_a_difference_that_one_fresh_replicate_does_not_show_is_not_significant(
     # draw the fast state. Without replicates the same rounds read as a reproducible slowdown.
     costs = {"a": [1e-3] * 4, "b": [1.3e-3, 1.3e-3, 0.8e-3, 1.3e-3]}
     build, state = replicate_clock(monkeypatch, costs)
-    c = compare(build, baseline="a", replicates=4, warmup=0, min_rounds=40, max_rounds=40, device="cpu")
+    c = compare(build, baseline="a", replicates=4, budget=Budget(warmup=0, min_rounds=40, max_rounds=40), device="cpu")
     row = c["b"]
     assert state["replicate"] == 3 and c.replicate_rounds == (10, 10, 10, 10) and c.rounds == 40
     slow = round(1 / 1.3, 3)
@@ -423,7 +451,7 @@ def test_a_difference_that_one_fresh_replicate_does_not_show_is_not_significant(
 def test_a_difference_every_fresh_replicate_shows_stays_significant(monkeypatch):
     costs = {"a": [1e-3, 1e-3, 1e-3], "b": [2e-3, 1.8e-3, 2.2e-3]}
     build, _ = replicate_clock(monkeypatch, costs)
-    c = compare(build, baseline="a", replicates=3, warmup=0, min_rounds=24, max_rounds=24, device="cpu")
+    c = compare(build, baseline="a", replicates=3, budget=Budget(warmup=0, min_rounds=24, max_rounds=24), device="cpu")
     assert c["b"].significant and c["b"].verdict == "2.00x slower"
     assert c.versus("a", "b").significant and c.versus("a", "b").speedup == pytest.approx(2.0)
     assert c["a"].replicate_speedups == ()  # the baseline has nothing to agree with
@@ -438,7 +466,9 @@ def test_each_replicate_runs_on_freshly_built_variants(monkeypatch):
         return {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}
 
     fake_clock(monkeypatch, {"a": 1e-3, "b": 1e-3})
-    compare(build, baseline="a", replicates=3, warmup=1, min_rounds=9, max_rounds=9, device="cpu", number=1)
+    compare(
+        build, baseline="a", replicates=3, budget=Budget(warmup=1, min_rounds=9, max_rounds=9, number=1), device="cpu"
+    )
     assert len(built) == 3 and all(sorted(set(calls)) == ["a", "b"] for calls in built)
 
 
@@ -449,7 +479,7 @@ def test_each_replicate_runs_on_freshly_built_variants(monkeypatch):
         (lambda: compare(lambda: {"a": lambda: None}, baseline="a", replicates=0), ValueError, "positive"),
         (lambda: compare(lambda: {"a": lambda: None}, baseline="a", replicates=True), TypeError, "replicates"),
         (
-            lambda: compare(lambda: {"a": lambda: None}, baseline="a", replicates=16, min_rounds=15),
+            lambda: compare(lambda: {"a": lambda: None}, baseline="a", replicates=16, budget=Budget(min_rounds=15)),
             ValueError,
             "cannot exceed min_rounds",
         ),
@@ -469,11 +499,8 @@ def test_a_builder_that_changes_its_variants_is_an_error(monkeypatch):
             lambda: {n: (lambda: None) for n in next(names)},
             baseline="a",
             replicates=2,
-            min_rounds=8,
-            max_rounds=8,
+            budget=Budget(min_rounds=8, max_rounds=8, number=1, warmup=0),
             device="cpu",
-            number=1,
-            warmup=0,
         )
 
 
@@ -512,15 +539,19 @@ def test_measure_reads_block_times_exactly_from_its_clock():
 def test_compare_checks_that_variants_agree_before_timing():
     x = torch.randn(64, 64)
     same = {"matmul": lambda: x @ x, "mm": lambda: torch.mm(x, x)}
-    cmp = compare(same, baseline="matmul", min_rounds=8, min_run_time=0.01, check=torch.testing.assert_close)
+    cmp = compare(
+        same, baseline="matmul", budget=Budget(min_rounds=8, min_run_time=0.01), check=torch.testing.assert_close
+    )
     assert set(cmp.names) == {"matmul", "mm"}
     timed = []
     wrong = {"matmul": lambda: x @ x, "transposed": lambda: timed.append(1) or x.T @ x}
     with pytest.raises(ValueError, match="'transposed' does not return what 'matmul' returns.*AssertionError"):
-        compare(wrong, baseline="matmul", min_rounds=8, min_run_time=0.01, check=torch.testing.assert_close)
+        compare(
+            wrong, baseline="matmul", budget=Budget(min_rounds=8, min_run_time=0.01), check=torch.testing.assert_close
+        )
     assert timed == [1]  # called once for the check, never timed
     with pytest.raises(TypeError, match="check"):
-        compare(same, baseline="matmul", min_rounds=8, check="assert_close")
+        compare(same, baseline="matmul", budget=Budget(min_rounds=8), check="assert_close")
 
 
 def test_default_budget_gives_a_slow_call_more_rounds_than_the_floor():
@@ -530,8 +561,7 @@ def test_default_budget_gives_a_slow_call_more_rounds_than_the_floor():
     c = compare(
         {"a": lambda: time.sleep(0.004), "b": lambda: time.sleep(0.004)},
         baseline="a",
-        min_run_time=0.05,
-        warmup=0,
+        budget=Budget(min_run_time=0.05, warmup=0),
         device="cpu",
     )
     per_round = sum(row.measurement.median for row in c.rows)
@@ -541,13 +571,20 @@ def test_default_budget_gives_a_slow_call_more_rounds_than_the_floor():
 
 
 def test_an_explicit_min_rounds_is_not_extended():
-    c = compare({"a": busy(0.003), "b": busy(0.003)}, baseline="a", min_rounds=15, min_run_time=0.02, device="cpu")
+    c = compare(
+        {"a": busy(0.003), "b": busy(0.003)},
+        baseline="a",
+        budget=Budget(min_rounds=15, min_run_time=0.02),
+        device="cpu",
+    )
     assert c.rounds == 15, c.rounds
 
 
 def test_a_call_too_slow_for_thirty_rounds_in_the_cap_stays_at_the_floor():
     # 30 rounds of 2 x 10 ms would be 0.6 s, past 4 x 0.02 s x 2 variants: the floor of 15 holds.
-    c = compare({"a": busy(0.01), "b": busy(0.01)}, baseline="a", min_run_time=0.02, warmup=0, device="cpu")
+    c = compare(
+        {"a": busy(0.01), "b": busy(0.01)}, baseline="a", budget=Budget(min_run_time=0.02, warmup=0), device="cpu"
+    )
     assert c.rounds == 15, c.rounds
 
 
@@ -562,3 +599,20 @@ def test_progress_bar_passes_every_item_through_and_draws_nothing_when_turned_of
     assert "three" in capsys.readouterr().err  # text bar (no ipywidgets here), no IProgress warning
     with pytest.raises(TypeError, match="desc"):
         progress_bar(range(2), desc=3)
+
+
+def test_compare_takes_its_budget_as_one_value():
+    import inspect
+
+    import pytest
+
+    # The arguments a reader passes, and the budget knobs as one frozen value.
+    assert len(inspect.signature(compare).parameters) <= 12
+    with pytest.raises(TypeError, match="budget must be a tricks_lib.Budget"):
+        compare({"a": lambda: None}, baseline="a", budget={"min_rounds": 8})
+    with pytest.raises(ValueError, match="min_rounds must be at least 8"):
+        Budget(min_rounds=3)
+    with pytest.raises(ValueError, match="max_rounds"):
+        Budget(min_rounds=20, max_rounds=10)
+    assert Budget().rounds_at_least == 15 and Budget().rounds_target == 30
+    assert Budget(min_rounds=9).rounds_target == 9  # an explicit value is used as given

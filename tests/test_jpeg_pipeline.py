@@ -10,7 +10,7 @@ import simplejpeg
 import torch
 from PIL import Image
 
-from tricks_lib.comparing import compare
+from tricks_lib.comparing import Budget, compare
 from tricks_lib.data.images import encode_image, render_photos
 from tricks_lib.data.jpeg_pipeline import (
     BatchRequest,
@@ -174,7 +174,7 @@ def test_pipeline_efficiency_reads_the_paired_rounds():
         {"one core": lambda: sum(work), "half": lambda: sum(work[:10_000])},
         baseline="one core",
         items={"one core": 100, "half": 100},
-        min_rounds=8,
+        budget=Budget(min_rounds=8),
     )
     eff = pipeline_efficiency(cmp, "one core", cores=2)
     assert eff["one core"] == 0.5

@@ -9,14 +9,16 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from tricks_lib.comparing import compare  # noqa: E402
+from tricks_lib.comparing import Budget, compare  # noqa: E402
 from tricks_lib.plot import _time_scale, metric_vs_size, speedup_bars  # noqa: E402
 
 
 def test_verdict_labels_start_past_the_whisker_end():
     a = torch.randn(256, 256)
     cmp = compare(
-        {"one": lambda: a @ a, "two": lambda: (a @ a, a @ a)}, baseline="one", min_rounds=8, min_run_time=0.02
+        {"one": lambda: a @ a, "two": lambda: (a @ a, a @ a)},
+        baseline="one",
+        budget=Budget(min_rounds=8, min_run_time=0.02),
     )
     fig, ax = plt.subplots()
     speedup_bars(cmp, ax=ax)

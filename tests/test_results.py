@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from tricks_lib.comparing import compare
+from tricks_lib.comparing import Budget, compare
 from tricks_lib.memory import measure_memory
 from tricks_lib.report.results import Record, load_records, record
 from tricks_lib.timing import measure
@@ -23,7 +23,12 @@ def test_records_round_trip_through_the_results_file(monkeypatch, tmp_path):
     target = tmp_path / "records.jsonl"
     monkeypatch.setenv("TRICKS_RESULTS", str(target))
     monkeypatch.setenv("TRICKS_NOTEBOOK", "99_test")
-    c = compare({"a": lambda: None, "b": lambda: None}, baseline="a", min_rounds=10, min_run_time=0.01, device="cpu")
+    c = compare(
+        {"a": lambda: None, "b": lambda: None},
+        baseline="a",
+        budget=Budget(min_rounds=10, min_run_time=0.01),
+        device="cpu",
+    )
     record("two no-ops", c)
     lin = torch.nn.Linear(4, 4)
     record("memory", measure_memory(lambda: lin(torch.randn(2, 4)), device="cpu"))

@@ -12,7 +12,7 @@ Import what you need; importing loads the core only and changes no seed, flag or
     from tricks_lib import compare, measure_memory, describe
 """
 
-from tricks_lib.comparing import compare
+from tricks_lib.comparing import Budget, compare
 from tricks_lib.compiling import CompileCost, compile_cost, fresh_compile_cache
 from tricks_lib.env import EnvInfo, describe, is_colab, pick_device, quick_mode, size_for_mode
 from tricks_lib.formatting import format_bytes, format_seconds, markdown_table
@@ -26,6 +26,7 @@ from tricks_lib.timing import measure, time_first_call
 __version__ = "0.1.0"
 
 __all__ = [
+    "Budget",
     "Comparison",
     "ComparisonRow",
     "CompileCost",

@@ -1,10 +1,13 @@
 """Interleaved A/B timing: ``compare({"A": a, "B": b}, baseline="A")`` and its steps, read top to bottom.
 
+Its budget knobs (time, rounds, warm-up, calls per block, the smallest effect called significant) are one
+frozen value, ``Budget``, so the call keeps the arguments a reader passes.
+
 ``compare`` checks its arguments (``_check_compare_args``), optionally checks that every variant
 returns what the baseline returns (``_check_results``), runs rounds (``_run_rounds``: one block of
 every variant per round, in a shuffled order, optionally over fresh replicates), and reads the rows
 (``_read_rows``): "1.8x faster" or "not significant". Its timed blocks are ``measure``'s
-(``tricks_lib.timed_blocks``); it is importable from ``tricks_lib.timing`` and ``tricks_lib`` too.
+(``tricks_lib.timed_blocks``); the package root re-exports it.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from tricks_lib.timed_blocks import Timer, default_min_run_time, make_timer, run
 if TYPE_CHECKING:
     from tricks_lib.memory import MemoryReport
 
-__all__ = ["DEFAULT_MIN_ROUNDS", "SLOW_CALL_BUDGET_FACTOR", "TARGET_ROUNDS", "compare"]
+__all__ = ["DEFAULT_BUDGET", "DEFAULT_MIN_ROUNDS", "SLOW_CALL_BUDGET_FACTOR", "TARGET_ROUNDS", "Budget", "compare"]
 
 # compare()'s default round budget. A variant whose calls are short fills its time budget in about
 # 2 * DEFAULT_MIN_ROUNDS rounds (each block is calibrated to budget / (2 * min_rounds)). A call that
@@ -39,6 +42,66 @@ __all__ = ["DEFAULT_MIN_ROUNDS", "SLOW_CALL_BUDGET_FACTOR", "TARGET_ROUNDS", "co
 DEFAULT_MIN_ROUNDS = 15
 TARGET_ROUNDS = 30
 SLOW_CALL_BUDGET_FACTOR = 4
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How long ``compare`` times, and how strictly it reads the result; the defaults suit most comparisons.
+
+    Args:
+        min_run_time: seconds of timed calls per variant at least (default 0.05 quick, 0.5 full).
+        min_rounds / max_rounds: bounds on the number of rounds (at least 8: fewer cannot give a 99%
+            interval). The default, None, adapts: at least 15 rounds, and a variant whose calls outlast
+            a block keeps going up to 30 rounds while those fit in 4x ``min_run_time`` per variant, so a
+            46 ms call gets the rounds a stable verdict needs; an explicit value is used as given.
+        warmup: untimed calls of each variant before timing.
+        number: calls per block for every variant; default: calibrated per variant so a block takes
+            about ``min_run_time / (2 * min_rounds)``.
+        min_effect: smallest relative difference ever called significant (0.03 = 3%).
+        order_seed: seeds the per-round shuffle of the variant order.
+
+    Raises:
+        TypeError / ValueError: a knob of the wrong type or out of range (the message says which).
+    """
+
+    min_run_time: float | None = None
+    min_rounds: int | None = None
+    max_rounds: int = 1000
+    warmup: int = 1
+    number: int | None = None
+    min_effect: float = DEFAULT_MIN_EFFECT
+    order_seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_positive(self.min_run_time, "min_run_time")
+        check_positive(self.min_rounds, "min_rounds", integer=True)
+        if self.min_rounds is not None and self.min_rounds < MIN_ROUNDS_FOR_VERDICT:
+            raise ValueError(
+                f"min_rounds must be at least {MIN_ROUNDS_FOR_VERDICT}: fewer rounds cannot give a "
+                f"{CONFIDENCE:.0%} interval, so no difference could ever be called significant"
+            )
+        check_positive(self.max_rounds, "max_rounds", allow_none=False, integer=True)
+        if self.max_rounds < self.rounds_at_least:
+            raise ValueError(f"max_rounds ({self.max_rounds}) must be at least min_rounds ({self.rounds_at_least})")
+        check_non_negative_int(self.warmup, "warmup")
+        check_positive(self.number, "number", integer=True)
+        effect = self.min_effect
+        if isinstance(effect, bool) or not isinstance(effect, (int, float)) or not 0 <= effect < 1:
+            raise ValueError(f"min_effect must be a fraction in [0, 1), got {effect!r}")
+        check_non_negative_int(self.order_seed, "order_seed")
+
+    @property
+    def rounds_at_least(self) -> int:
+        return DEFAULT_MIN_ROUNDS if self.min_rounds is None else self.min_rounds
+
+    @property
+    def rounds_target(self) -> int:
+        """Rounds a slow call may extend to: adaptive by default, exactly ``min_rounds`` when it is given."""
+        target = TARGET_ROUNDS if self.min_rounds is None else self.min_rounds
+        return min(max(target, self.rounds_at_least), self.max_rounds)
+
+
+DEFAULT_BUDGET = Budget()
 
 
 def _calibrate(timer: Timer, target_block: float) -> int:
@@ -62,15 +125,9 @@ class _CompareSpec:
     items: dict[str, int | None]
     per_item: bool
     run_time: float
-    min_rounds: int
-    target_rounds: int
-    max_rounds: int
+    budget: Budget
     device: torch.device
-    warmup: int
-    number: int | None
-    min_effect: float
     more_work: dict[str, str]
-    order_seed: int
     replicates: int
     build: Callable[[], Mapping[str, Callable[[], object]]] | None
 
@@ -94,21 +151,9 @@ def _check_variants(variants: object, expected: list[str] | None = None) -> dict
     return dict(variants)
 
 
-def _check_compare_args(
-    variants,
-    baseline,
-    items,
-    min_run_time,
-    min_rounds,
-    max_rounds,
-    device,
-    warmup,
-    number,
-    min_effect,
-    more_work,
-    order_seed,
-    replicates,
-) -> _CompareSpec:
+def _check_compare_args(variants, baseline, items, device, more_work, replicates, budget) -> _CompareSpec:
+    if not isinstance(budget, Budget):
+        raise TypeError(f"budget must be a tricks_lib.Budget (e.g. Budget(min_rounds=8)), got {type(budget).__name__}")
     check_positive(replicates, "replicates", allow_none=False, integer=True)
     build = None
     if callable(variants) and not isinstance(variants, Mapping):
@@ -130,25 +175,7 @@ def _check_compare_args(
             check_positive(count, f"items[{name!r}]", allow_none=False, integer=True)
     else:
         check_positive(items, "items", integer=True)
-    check_positive(min_run_time, "min_run_time")
-    check_positive(min_rounds, "min_rounds", integer=True)
-    # An explicit min_rounds is the caller's budget: no adaptive extension on top of it.
-    target_rounds = TARGET_ROUNDS if min_rounds is None else min_rounds
-    min_rounds = DEFAULT_MIN_ROUNDS if min_rounds is None else min_rounds
-    if min_rounds < MIN_ROUNDS_FOR_VERDICT:
-        raise ValueError(
-            f"min_rounds must be at least {MIN_ROUNDS_FOR_VERDICT}: fewer rounds cannot give a "
-            f"{CONFIDENCE:.0%} interval, so no difference could ever be called significant"
-        )
-    check_positive(max_rounds, "max_rounds", allow_none=False, integer=True)
-    if max_rounds < min_rounds:
-        raise ValueError(f"max_rounds ({max_rounds}) must be at least min_rounds ({min_rounds})")
-    check_non_negative_int(warmup, "warmup")
-    check_positive(number, "number", integer=True)
-    if isinstance(min_effect, bool) or not isinstance(min_effect, (int, float)) or not 0 <= min_effect < 1:
-        raise ValueError(f"min_effect must be a fraction in [0, 1), got {min_effect!r}")
-    if more_work is None:
-        more_work = {}
+    more_work = {} if more_work is None else more_work
     if not isinstance(more_work, Mapping):
         raise TypeError(
             f"more_work must be a dict of heavier variant -> lighter variant, got {type(more_work).__name__}"
@@ -158,28 +185,19 @@ def _check_compare_args(
             raise ValueError(f"more_work names {heavy!r} -> {light!r}, but the variants are {list(variants)}")
         if heavy == light:
             raise ValueError(f"more_work pairs {heavy!r} with itself: name the lighter variant it does more than")
-    check_non_negative_int(order_seed, "order_seed")
-    if replicates > min_rounds:
+    if replicates > budget.rounds_at_least:
         raise ValueError(
-            f"replicates ({replicates}) cannot exceed min_rounds ({min_rounds}): each replicate needs a round"
+            f"replicates ({replicates}) cannot exceed min_rounds ({budget.rounds_at_least}): each replicate needs a round"
         )
-    per_item = isinstance(items, Mapping) and all(name in items for name in variants)
-    counts = {name: (items.get(name) if isinstance(items, Mapping) else items) for name in variants}
     return _CompareSpec(
         variants=dict(variants),
         baseline=baseline,
-        items=counts,
-        per_item=per_item,
-        run_time=min_run_time or default_min_run_time(),
-        min_rounds=min_rounds,
-        target_rounds=min(max(target_rounds, min_rounds), max_rounds),
-        max_rounds=max_rounds,
+        items={name: (items.get(name) if isinstance(items, Mapping) else items) for name in variants},
+        per_item=isinstance(items, Mapping) and all(name in items for name in variants),
+        run_time=budget.min_run_time or default_min_run_time(),
+        budget=budget,
         device=pick_device(device) if device is not None else pick_device(),
-        warmup=warmup,
-        number=number,
-        min_effect=float(min_effect),
         more_work=dict(more_work),
-        order_seed=order_seed,
         replicates=replicates,
         build=build,
     )
@@ -199,11 +217,11 @@ def _run_rounds(
     # A fixed order (A B C A B C ...) turns any steady position effect (a cache warmed by the variant
     # before, a frequency step at the start of a round) into a fake speedup; a seeded shuffle per
     # round spreads it over all variants and keeps the run repeatable.
-    order_rng = random.Random(spec.order_seed)
+    order_rng = random.Random(spec.budget.order_seed)
     block_times: dict[str, list[float]] = {name: [] for name in names}
-    min_rounds = math.ceil(spec.min_rounds / spec.replicates)
-    max_rounds = max(min_rounds, spec.max_rounds // spec.replicates)
-    target_rounds = min(max_rounds, max(min_rounds, math.ceil(spec.target_rounds / spec.replicates)))
+    min_rounds = math.ceil(spec.budget.rounds_at_least / spec.replicates)
+    max_rounds = max(min_rounds, spec.budget.max_rounds // spec.replicates)
+    target_rounds = min(max_rounds, max(min_rounds, math.ceil(spec.budget.rounds_target / spec.replicates)))
     run_time = spec.run_time / spec.replicates
     slow_call_cap = SLOW_CALL_BUDGET_FACTOR * run_time * len(names)
     variants, numbers, per_replicate = spec.variants, None, []
@@ -215,11 +233,11 @@ def _run_rounds(
                 gc.collect()  # free the last replicate's state before building the next
                 variants = _check_variants(spec.build(), names)
             for name in names:
-                warm_up(variants[name], spec.device, spec.warmup)
+                warm_up(variants[name], spec.device, spec.budget.warmup)
             timers = {name: make_timer(variants[name], spec.device, name) for name in names}
             if numbers is None:
-                target_block = spec.run_time / (2 * spec.min_rounds)
-                numbers = {name: spec.number or _calibrate(timers[name], target_block) for name in names}
+                target_block = spec.run_time / (2 * spec.budget.rounds_at_least)
+                numbers = {name: spec.budget.number or _calibrate(timers[name], target_block) for name in names}
             spent, rounds = 0.0, 0
             while rounds < max_rounds and (
                 rounds < min_rounds
@@ -255,7 +273,11 @@ def _read_rows(
 
     def paired(name: str, reference: str) -> tuple[float, float, float, bool]:
         return paired_speedup(
-            measurements[reference].times, measurements[name].times, scale[reference], scale[name], spec.min_effect
+            measurements[reference].times,
+            measurements[name].times,
+            scale[reference],
+            scale[name],
+            spec.budget.min_effect,
         )
 
     rows = []
@@ -273,7 +295,7 @@ def _read_rows(
             paired_row(
                 m,
                 measurements[base],
-                min_effect=spec.min_effect,
+                min_effect=spec.budget.min_effect,
                 scale=scale[name],
                 base_scale=scale[base],
                 replicate_rounds=replicate_rounds if spec.replicates > 1 else (),
@@ -304,28 +326,22 @@ def compare(
     *,
     baseline: str,
     items: int | Mapping[str, int] | None = None,
-    min_run_time: float | None = None,
-    min_rounds: int | None = None,
-    max_rounds: int = 1000,
     device: str | torch.device | None = None,
-    warmup: int = 1,
-    number: int | None = None,
-    min_effect: float = DEFAULT_MIN_EFFECT,
     memory: bool = False,
     label: str | None = None,
-    more_work: Mapping[str, str] | None = None,
-    order_seed: int = 0,
-    progress: bool = False,
-    replicates: int = 1,
     check: Callable[[object, object], object] | None = None,
+    more_work: Mapping[str, str] | None = None,
+    replicates: int = 1,
+    progress: bool = False,
+    budget: Budget = DEFAULT_BUDGET,
 ) -> Comparison:
     """Time variants interleaved round by round and read each against ``baseline``.
 
     Each round runs one block of every variant, in an order shuffled per round (seeded), so slow
     drift of a shared machine (other jobs, thermal limits) hits all variants alike and no variant
     always runs first. A variant is "significant" when the whole 99% distribution-free interval of
-    its paired per-round speedup lies at least ``min_effect`` away from 1x (and the ratio of medians
-    agrees); otherwise it is "not significant", never a speedup.
+    its paired per-round speedup lies at least ``budget.min_effect`` away from 1x (and the ratio of
+    medians agrees); otherwise it is "not significant", never a speedup.
 
     Args:
         variants: name -> zero-argument callable; each must do the same work (check that first). Or a
@@ -333,58 +349,35 @@ def compare(
         baseline: the name of the reference variant.
         items: things processed per call, one count for all or a dict name -> count. With a count
             for every variant, speedups compare time per item (throughput), not time per call.
-        min_run_time: seconds of timed calls per variant at least (default 0.05 quick, 0.5 full).
-        min_rounds / max_rounds: bounds on the number of rounds (at least 8: fewer cannot give a
-            99% interval). The default, None, adapts: at least 15 rounds, and a variant whose calls
-            outlast a block keeps going up to 30 rounds while those fit in 4x ``min_run_time`` per
-            variant, so a 46 ms call gets the rounds a stable verdict needs; an explicit value is used
-            as given.
         device: whose queue is synchronized around each block (default ``pick_device()``).
-        warmup: untimed calls of each variant before timing.
-        number: calls per block for every variant; default: calibrated per variant so a block
-            takes about ``min_run_time / (2 * min_rounds)``.
-        min_effect: smallest relative difference ever called significant (0.03 = 3%).
         memory: also run ``measure_memory`` once per variant (outside the timing) for the table.
         label: a title for the table.
-        more_work: heavier variant -> lighter variant, for pairs where the first does strictly more
-            work than the second (the same decode plus a colour conversion). A heavier variant that
-            comes out significantly faster than its lighter one gets ``row.suspect`` set, and its
-            verdict says so: such a result is an artifact, not a speedup.
-        order_seed: seeds the per-round shuffle of the variant order.
-        progress: show a progress bar over the rounds (tqdm.auto); off by default.
-        replicates: split the rounds (``min_rounds``, ``max_rounds`` and the time budget) into this
-            many stretches, each on variants that ``variants()`` builds afresh. The paired interval
-            only sees noise between rounds; where a result depends on state built once per run (where
-            tensors landed in memory, worker start-up, page cache), a rerun gets another draw of it.
-            With replicates, a variant is significant only when every replicate also shows at least
-            ``min_effect`` in the same direction (``row.replicate_speedups``). This rules out state a
-            rebuild redraws, not state a process draws once (worker start-up, CPU placement): on 2
-            shared cores, worker-count verdicts still changed between full runs.
         check: before anything is timed, ``check(baseline_result, variant_result)`` for every other
             variant, e.g. ``torch.testing.assert_close``; it raises when they differ (one untimed
             call each, on the first build). Lossy variants need a check with their tolerance.
+        more_work: heavier variant -> lighter variant, for pairs where the first does strictly more
+            work than the second (the same decode plus a colour conversion). A heavier variant that
+            comes out significantly faster than its lighter one gets ``row.suspect`` set, its outcome
+            is ``Outcome.SUSPECT`` and its verdict says so: such a result is an artifact, not a speedup.
+        replicates: split the rounds (and the time budget) into this many stretches, each on variants
+            that ``variants()`` builds afresh. The paired interval only sees noise between rounds;
+            where a result depends on state built once per run (where tensors landed in memory,
+            worker start-up, page cache), a rerun gets another draw of it. With replicates, a variant
+            is significant only when every replicate also shows at least ``min_effect`` in the same
+            direction (``row.replicate_speedups``). This rules out state a rebuild redraws, not state
+            a process draws once (worker start-up, CPU placement).
+        progress: show a progress bar over the rounds (tqdm.auto); off by default.
+        budget: how long to time and how strictly to read it (``Budget``: run time, rounds, warm-up,
+            calls per block, the smallest effect called significant, the order seed).
 
     Raises:
         TypeError / ValueError: empty or non-dict ``variants``, a non-callable variant, an unknown
-            ``baseline`` or ``more_work`` name, non-positive sizes or durations, ``replicates`` > 1
-            with a dict instead of a builder, a builder that returns other variants the next time.
+            ``baseline`` or ``more_work`` name, non-positive sizes, ``replicates`` > 1 with a dict
+            instead of a builder, a builder that returns other variants the next time, a budget that
+            is not a ``Budget``.
         ValueError: ``check`` raised for a variant (the message names it and keeps the check's own).
     """
-    spec = _check_compare_args(
-        variants,
-        baseline,
-        items,
-        min_run_time,
-        min_rounds,
-        max_rounds,
-        device,
-        warmup,
-        number,
-        min_effect,
-        more_work,
-        order_seed,
-        replicates,
-    )
+    spec = _check_compare_args(variants, baseline, items, device, more_work, replicates, budget)
     check_flag(memory, "memory")
     check_flag(progress, "progress")
     if check is not None:
@@ -415,7 +408,7 @@ def compare(
         rounds=sum(replicate_rounds),
         device=str(spec.device),
         num_threads=threads,
-        min_effect=spec.min_effect,
+        min_effect=spec.budget.min_effect,
         per_item=spec.per_item,
         replicate_rounds=replicate_rounds if spec.replicates > 1 else (),
     )

@@ -158,3 +158,16 @@ def test_an_installed_wheel_finds_its_notebooks_from_anywhere(tmp_path):
     refused = main_command("--refresh", "--only", "00", "--out", "results")
     assert refused.returncode == 2 and "installed package's copy" in refused.stderr
     assert sorted(os.listdir(elsewhere)) == []  # neither listing nor refusing wrote anything
+
+
+def test_the_readmes_own_code_example_runs_against_the_package_root(monkeypatch, tmp_path):
+    # "Using tricks_lib in your own code" imports from the root: the example must keep working as written.
+    monkeypatch.setenv("TRICKS_QUICK", "1")
+    monkeypatch.delenv("TRICKS_RESULTS", raising=False)
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Using `tricks_lib` in your own code") :]
+    block = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    assert "from tricks_lib import compare, describe, measure, measure_memory" in block
+    namespace: dict = {}
+    exec(compile(block, "README.md", "exec"), namespace)
+    assert namespace["table"]["no_grad"].outcome.value in ("faster", "slower", "not significant")

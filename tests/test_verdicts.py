@@ -9,22 +9,9 @@ import torch
 from tricks_lib.compiling import CompileCost
 from tricks_lib.measurements import Comparison, ComparisonRow, Measurement
 from tricks_lib.memory import MemoryReport
+from tricks_lib.outcome import Outcome
 from tricks_lib.report.results import load_records
-from tricks_lib.report.verdicts import (
-    VerdictTable,
-    break_even,
-    break_even_note,
-    by_outcome,
-    direction,
-    fastest,
-    median_drift,
-    memory_change,
-    overall,
-    paired_ratio,
-    separate_runs_ratio,
-    trade_off,
-    verdict_of,
-)
+from tricks_lib.report.verdicts import VerdictTable, median_drift, trade_off
 from tricks_lib.training.steps import autocast_dtype
 
 
@@ -44,78 +31,80 @@ def comparison(costs, baseline, items=None):
     )
 
 
-def test_reading_helpers_on_known_times():
+def test_readings_of_a_comparison_on_known_times():
     c = comparison({"eager": 4e-3, "compiled": 1e-3, "same": 4e-3}, "eager")
-    assert verdict_of(c, "compiled") == "4.00x faster"
-    assert verdict_of(c, "eager", against="compiled") == "4.00x slower"
-    assert verdict_of(c, "same") == "not significant"
-    assert paired_ratio(c, "compiled", "same") == pytest.approx(4.0)
-    assert fastest(c) == ("compiled", True)
+    assert c["compiled"].verdict == "4.00x faster" and c["compiled"].outcome is Outcome.FASTER
+    assert c.versus("eager", "compiled").verdict == "4.00x slower"
+    assert c.versus("eager", "compiled").outcome is Outcome.SLOWER
+    assert c["same"].verdict == "not significant" and c["same"].outcome is Outcome.NOT_SIGNIFICANT
+    assert c["eager"].outcome is Outcome.BASELINE
+    assert c.versus("compiled", "same").speedup == pytest.approx(4.0)
+    assert c.fastest() == ("compiled", True)
     tie = comparison({"a": 1e-3, "b": 1.01e-3}, "a")
-    assert fastest(tie) == ("a", False)  # 1% is within the 3% threshold: no clear winner
+    assert tie.fastest() == ("a", False)  # 1% is within the 3% threshold: no clear winner
     # Throughput: 8 items in 2 ms beats 1 item in 1 ms.
     per_item = comparison({"small": 1e-3, "big": 2e-3}, "small", items={"small": 1, "big": 8})
-    assert fastest(per_item) == ("big", True) and verdict_of(per_item, "big") == "4.00x faster"
+    assert per_item.fastest() == ("big", True) and per_item["big"].verdict == "4.00x faster"
+
+
+def test_a_suspect_row_has_its_own_outcome_and_says_why():
+    c = comparison({"light": 2e-3, "heavy": 1e-3}, "light")
+    suspect = dataclasses.replace(c["heavy"], suspect="does more work than 'light'")
+    assert suspect.outcome is Outcome.SUSPECT and suspect.outcome is not Outcome.FASTER
+    assert suspect.verdict == "2.00x faster (suspect: does more work than 'light')"
+    assert suspect.summary_row().outcome == "suspect"
 
 
 def test_break_even_only_when_the_compiled_call_is_faster():
     cost = CompileCost(10.0005, 1.0005, 1.0, 12.0, 3.0, compiled=lambda: None, namespace={})
     c = comparison({"eager": 4e-3, "compiled": 1e-3}, "eager")
     # (first - compiled) / (eager - compiled), rounded up: 9.9995 / 0.003 = 3333.2, 0.9995 / 0.003 = 333.2.
-    assert break_even(cost, c, "compiled", "eager") == {"cold": 3334, "warm": 334}
+    paid = cost.break_even(c, "compiled", "eager")
+    assert (paid.cold, paid.warm, paid.pays_off) == (3334, 334, True)
+    assert paid.text() == "pays off after 3,334 calls cold, 334 warm" == repr(paid)
+    assert paid.text(unit="steps") == "pays off after 3,334 steps cold, 334 warm"
     slower = comparison({"eager": 1e-3, "compiled": 4e-3}, "eager")
-    assert break_even(cost, slower, "compiled", "eager") is None
+    assert not cost.break_even(slower, "compiled", "eager").pays_off
     same = comparison({"eager": 1e-3, "compiled": 1e-3}, "eager")
-    assert break_even(cost, same, "compiled", "eager") is None
-
-
-def test_break_even_note_reads_break_even_in_words():
-    assert break_even_note({"cold": 3334, "warm": 334}) == "pays off after 3,334 calls cold, 334 warm"
-    assert break_even_note({"cold": 594, "warm": 45}, unit="steps") == "pays off after 594 steps cold, 45 warm"
-    assert break_even_note(None) == "never pays off here"
-    with pytest.raises(ValueError, match="'warm'"):
-        break_even_note({"cold": 3})
-    with pytest.raises(TypeError, match="whole number"):
-        break_even_note({"cold": 3.5, "warm": 1})
-    with pytest.raises(TypeError, match="whole number"):
-        break_even_note({"cold": True, "warm": 1})
-    with pytest.raises(ValueError, match="positive"):
-        break_even_note({"cold": 0, "warm": 1})
-    with pytest.raises(TypeError, match="dict or None"):
-        break_even_note(3334)
+    never = cost.break_even(same, "compiled", "eager")
+    assert (never.cold, never.warm, never.text()) == (None, None, "never pays off here")
     with pytest.raises(ValueError, match="what is counted"):
-        break_even_note(None, unit=" ")
+        paid.text(unit=" ")
     with pytest.raises(TypeError, match="unit"):
-        break_even_note(None, unit=None)
+        paid.text(unit=None)
+    with pytest.raises(KeyError, match="no variant"):
+        cost.break_even(c, "compiled", "missing")
 
 
-def test_separate_runs_ratio_says_it_was_not_tested():
+def test_ratio_to_says_it_was_not_tested():
     one = Measurement("one process", (2e-3, 2e-3, 2e-3), 1, "cpu", 2, items=64)
     two = Measurement("two ranks", (2.5e-3, 2.5e-3, 2.5e-3), 1, "cpu", 1, items=128)
     # 128 items in 2.5 ms against 64 in 2 ms: 1.6x the throughput.
-    assert separate_runs_ratio(two, one) == "1.60x the items/s of one process (separate runs, not tested)"
+    assert two.ratio_to(one) == "1.60x the items/s of one process (separate runs, not tested)"
     plain = Measurement("plain", (4e-3,), 1, "cpu", 2)
-    assert separate_runs_ratio(two, plain) == "1.60x the calls/s of plain (separate runs, not tested)"
+    assert two.ratio_to(plain) == "1.60x the calls/s of plain (separate runs, not tested)"
     with pytest.raises(TypeError, match="Measurement"):
-        separate_runs_ratio(two, 1.0)
+        two.ratio_to(1.0)
     with pytest.raises(ValueError, match="median of zero"):
-        separate_runs_ratio(two, Measurement("zero", (0.0,), 1, "cpu", 2))
+        two.ratio_to(Measurement("zero", (0.0,), 1, "cpu", 2))
 
 
 def test_memory_change_in_words():
     def report(saved, peak=None):
         return MemoryReport("x", "cpu", saved_bytes=saved, saved_tensors=1, peak_saved_bytes=peak or saved)
 
-    assert memory_change(report(4096), report(1024)) == "4.00x less"
-    assert memory_change(report(1024), report(1536)) == "1.50x more"
-    assert memory_change(report(1024), report(1024)) == "same"
-    assert memory_change(report(4096), report(0)) == "none kept (was 4.00 KiB)"
-    assert memory_change(report(4096, 4096), report(4096, 1024)) == "4.00x less"  # the peak, by default
-    assert memory_change(report(4096, 4096), report(4096, 1024), field="saved_bytes") == "same"
+    assert report(1024).change_from(report(4096)) == "4.00x less"
+    assert report(1536).change_from(report(1024)) == "1.50x more"
+    assert report(1024).change_from(report(1024)) == "same"
+    assert report(0).change_from(report(4096)) == "none kept (was 4.00 KiB)"
+    assert report(4096, 1024).change_from(report(4096, 4096)) == "4.00x less"  # the peak, by default
+    assert report(4096, 1024).change_from(report(4096, 4096), field="saved_bytes") == "same"
     with pytest.raises(ValueError, match="CUDA only"):
-        memory_change(report(1), report(1), field="peak_allocated_bytes")
+        report(1).change_from(report(1), field="peak_allocated_bytes")
     with pytest.raises(ValueError, match="byte count"):
-        memory_change(report(1), report(1), field="label")
+        report(1).change_from(report(1), field="label")
+    with pytest.raises(TypeError, match="MemoryReport"):
+        report(1).change_from(1024)
 
 
 def test_verdict_table_rows_render_and_reach_the_summary(monkeypatch, tmp_path):
@@ -199,20 +188,15 @@ def test_autocast_dtype_is_one_rule():
         assert autocast_dtype("cuda") == (torch.bfloat16 if major >= 8 else torch.float16)
 
 
-def test_direction_overall_and_by_outcome():
+def test_verdict_rows_carry_the_outcome_they_were_read_from(monkeypatch, tmp_path):
+    monkeypatch.delenv("TRICKS_RESULTS", raising=False)
     c = comparison({"base": 2e-3, "fast": 1e-3, "slow": 4e-3, "same": 2e-3}, "base")
-    assert [direction(c[n]) for n in c.names] == ["baseline", "faster", "slower", "not significant"]
-    assert overall([c["fast"]]) == "all faster" and overall([c["base"], c["slow"]]) == "all slower"
-    assert overall([c["same"]]) == "none significant" and overall(c.rows) == "mixed"
-    assert by_outcome({r.name: r for r in c.rows}) == {
-        "faster": ("fast",),
-        "slower": ("slow",),
-        "not significant": ("same",),
-    }
-    with pytest.raises(ValueError, match="not the baseline"):
-        overall([c["base"]])
-    with pytest.raises(TypeError, match="ComparisonRow"):
-        direction(c)
+    table = VerdictTable()
+    rows = [table.add(n, c, "-", variant=n) for n in ("fast", "slow", "same")]
+    rows.append(table.add("slow against fast", c, "-", variant="slow", against="fast"))
+    rows.append(table.add("a sentence", "computed elsewhere", "-"))
+    assert [r.outcome for r in rows] == [Outcome.FASTER, Outcome.SLOWER, Outcome.NOT_SIGNIFICANT, Outcome.SLOWER, None]
+    assert [r.summary_rows()[0].outcome for r in rows] == ["faster", "slower", "not significant", "slower", None]
 
 
 def with_memory(c, peaks, cuda=None):

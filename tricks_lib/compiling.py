@@ -31,11 +31,13 @@ import torch
 
 from tricks_lib.env import pick_device
 from tricks_lib.formatting import format_seconds
-from tricks_lib.outcome import SummaryRow
+from tricks_lib.measurements import Comparison
+from tricks_lib.outcome import Outcome, SummaryRow
 from tricks_lib.progress import optional_progress_bar as _progress_bar
 from tricks_lib.timing import time_first_call
 
 __all__ = [
+    "BreakEven",
     "CompileCost",
     "compile_cost",
     "fresh_compile_cache",
@@ -104,6 +106,38 @@ def fresh_compile_cache() -> Iterator[str]:
 
 
 @dataclass(frozen=True)
+class BreakEven:
+    """The calls after which a compile pays for itself, from empty caches (cold) and a warm on-disk cache.
+
+    Both None: it never pays off here (the compiled call was not significantly faster).
+    """
+
+    cold: int | None
+    warm: int | None
+
+    @property
+    def pays_off(self) -> bool:
+        return self.cold is not None and self.warm is not None
+
+    def text(self, unit: str = "calls") -> str:
+        """'pays off after 3,334 calls cold, 334 warm', or 'never pays off here'; ``unit`` names what is counted.
+
+        Raises:
+            TypeError / ValueError: ``unit`` is not a non-empty string, such as "calls" or "steps".
+        """
+        if not isinstance(unit, str):
+            raise TypeError(f"unit must be a string such as 'calls' or 'steps', got {type(unit).__name__}")
+        if not unit.strip():
+            raise ValueError("unit must name what is counted, such as 'calls' or 'steps'")
+        if not self.pays_off:
+            return "never pays off here"
+        return f"pays off after {self.cold:,} {unit} cold, {self.warm:,} warm"
+
+    def __repr__(self) -> str:
+        return self.text()
+
+
+@dataclass(frozen=True)
 class CompileCost:
     """The first call of a compiled function in a fresh process, from empty caches and from warm ones.
 
@@ -147,6 +181,24 @@ class CompileCost:
         if saved <= 0:
             return None
         return max(first - compiled_seconds, 0.0) / saved
+
+    def break_even(self, comparison: Comparison, compiled: str, eager: str) -> BreakEven:
+        """Calls after which compiling paid for itself, cold and warm (this cost's fresh-process first calls).
+
+        Never (``BreakEven.pays_off`` False) unless ``compiled`` ran significantly faster than ``eager`` in
+        ``comparison`` (``Outcome.FASTER``): a compile that buys nothing measurable is never paid back.
+
+        Raises:
+            KeyError: ``compiled`` or ``eager`` is not a variant of ``comparison``.
+        """
+        row = comparison.versus(compiled, eager)
+        if row.outcome is not Outcome.FASTER:
+            return BreakEven(None, None)
+        eager_s, compiled_s = comparison[eager].measurement.median, comparison[compiled].measurement.median
+        calls = [self.calls_to_pay_off(eager_s, compiled_s, cache=cache) for cache in ("cold", "warm")]
+        if any(n is None for n in calls):
+            return BreakEven(None, None)
+        return BreakEven(*(max(1, math.ceil(n)) for n in calls))
 
     def __repr__(self) -> str:
         return (

@@ -86,6 +86,30 @@ class Measurement:
             return None
         return self.items / self.median
 
+    def ratio_to(self, reference: Measurement) -> str:
+        """'1.23x the items/s of one process (separate runs, not tested)': this and ``reference``, timed apart.
+
+        The ratio is of items per second when both count items, else of calls per second. Measurements
+        taken in separate runs share no interleaved rounds, so there is no paired interval: the words say
+        that the ratio was not tested for significance (``compare`` gives the paired verdict).
+
+        Raises:
+            TypeError: ``reference`` is not a Measurement.
+            ValueError: a median is zero (no rate).
+        """
+        if not isinstance(reference, Measurement):
+            raise TypeError(
+                f"reference must be a Measurement (measure(...), or a result's as_measurement()), got {reference!r}"
+            )
+        for m in (self, reference):
+            if m.median <= 0:
+                raise ValueError(f"{m.label!r} has a median of zero: time a workload that takes measurable time")
+        if self.items and reference.items:
+            ratio, rate = self.items_per_second / reference.items_per_second, "items/s"
+        else:
+            ratio, rate = reference.median / self.median, "calls/s"
+        return f"{ratio:.2f}x the {rate} of {reference.label} (separate runs, not tested)"
+
     def __repr__(self) -> str:
         rate = f", {self.items_per_second:,.0f} items/s" if self.items_per_second else ""
         if not self.has_spread:
@@ -276,6 +300,17 @@ class Comparison:
             replicate_speedups=each,
             is_baseline=name == reference,
         )
+
+    def fastest(self) -> tuple[str, bool]:
+        """The variant with the least time per item, and whether it is significantly faster than every other one."""
+
+        def per_item(row: ComparisonRow) -> float:
+            m = row.measurement
+            return m.median / (m.items if self.per_item and m.items else 1)
+
+        best = min(self.rows, key=per_item)
+        others = [r.name for r in self.rows if r.name != best.name]
+        return best.name, all(self.versus(best.name, name).outcome is Outcome.FASTER for name in others)
 
     def _table(self) -> tuple[list[str], list[list[str]]]:
         with_items = any(r.measurement.items is not None for r in self.rows)

@@ -79,6 +79,29 @@ class MemoryReport:
     def _repr_html_(self) -> str:
         return f"<code>{html.escape(repr(self))}</code>"
 
+    def change_from(self, before: MemoryReport, field: str = "peak_saved_bytes") -> str:
+        """'3.10x less', 'same', '1.20x more' or 'none kept (was X)': this report's ``field`` against ``before``'s.
+
+        ``field`` defaults to the most saved-for-backward bytes alive at once: for one forward and backward
+        that is everything the forward saved; for several passes (accumulation) one pass's worth.
+
+        Raises:
+            TypeError: ``before`` is not a MemoryReport.
+            ValueError: ``field`` is not a byte count of a MemoryReport, or a report lacks it (CUDA-only fields).
+        """
+        if not isinstance(before, MemoryReport):
+            raise TypeError(f"before must be a MemoryReport (measure_memory(...)), got {type(before).__name__}")
+        if field not in ("saved_bytes", "peak_saved_bytes", "peak_allocated_bytes", "peak_reserved_bytes"):
+            raise ValueError(f"field must name a MemoryReport byte count such as 'peak_saved_bytes', got {field!r}")
+        base, new = getattr(before, field), getattr(self, field)
+        if base is None or new is None:
+            raise ValueError(f"{field} was not measured on {before.device} (CUDA only): pick 'peak_saved_bytes'")
+        if new == base:
+            return "same"
+        if new == 0:
+            return f"none kept (was {format_bytes(base)})"
+        return f"{base / new:.2f}x less" if new < base else f"{new / base:.2f}x more"
+
     def summary_rows(self) -> tuple[SummaryRow, ...]:
         return (
             SummaryRow(

@@ -1,30 +1,25 @@
-"""One verdict mechanism: the closing table a notebook fills row by row from this run's results,
-and the reading helpers its cells would otherwise write by hand.
+"""One verdict mechanism: the closing table a notebook fills row by row from this run's results.
 
     table = VerdictTable()
     table.add("channels_last", cmp["channels_last"], "when the model has few convolutions")
     table.add("torch.compile", cmp, "short jobs", variant="compiled", against="eager")
     table          # renders as Markdown/HTML; every row was also recorded for the run's summary
 
-Reading helpers: ``verdict_of`` (one variant against the baseline or another variant),
-``fastest`` (the variant with the least time per item, and whether it beats every other one
-significantly), ``paired_ratio``, ``memory_change`` (saved-for-backward bytes of two reports),
-``break_even`` (calls after which a compile pays off) and ``break_even_note`` (the same in words),
-``separate_runs_ratio`` (two measurements timed apart, in words), ``direction`` and ``overall`` (the word a
-conditional paragraph would branch on, for one row or several), ``by_outcome`` (names grouped by
-verdict), ``trade_off`` (time and saved-for-backward memory of variants, one table) and
-``median_drift`` (how far the same workload's median moved between cells). Every one reads results;
-none prints.
+Each row carries the outcome of the comparison row it was read from (``Outcome``), so the summary, the
+diff and the HTML page read the outcome, never the sentence. Two readings that the memory notebook and the
+training notebook share live here too: ``trade_off`` (time and saved-for-backward memory of variants, one
+table) and ``median_drift`` (how far the same workload's median moved between cells). Readings of a single
+result live on its type: ``Comparison.versus``/``fastest``, ``MemoryReport.change_from``,
+``CompileCost.break_even``, ``Measurement.ratio_to``. Nothing here prints.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from tricks_lib._validate import check_flag, check_positive
+from tricks_lib._validate import check_flag
 from tricks_lib.formatting import format_bytes, format_seconds, html_table, markdown_table
 from tricks_lib.measurements import Comparison, ComparisonRow, Measurement
 from tricks_lib.memory import MemoryReport
@@ -32,191 +27,9 @@ from tricks_lib.outcome import Outcome, SummaryRow
 from tricks_lib.report.results import record
 
 if TYPE_CHECKING:
-    from tricks_lib.compiling import CompileCost
+    pass
 
-__all__ = [
-    "MedianDrift",
-    "TradeOff",
-    "TradeOffRow",
-    "VerdictRow",
-    "VerdictTable",
-    "break_even",
-    "break_even_note",
-    "by_outcome",
-    "direction",
-    "fastest",
-    "median_drift",
-    "memory_change",
-    "overall",
-    "paired_ratio",
-    "separate_runs_ratio",
-    "trade_off",
-    "verdict_of",
-]
-
-
-def verdict_of(comparison: Comparison, variant: str, against: str | None = None) -> str:
-    """``variant``'s verdict against the baseline, or against ``against`` from the same paired rounds.
-
-    Raises:
-        KeyError: a name is not a variant of ``comparison``.
-    """
-    row = comparison[variant] if against is None else comparison.versus(variant, against)
-    return row.verdict
-
-
-def paired_ratio(comparison: Comparison, variant: str, against: str) -> float:
-    """How many times faster ``variant`` ran than ``against`` (the median paired ratio of their rounds, per item when items differ)."""
-    return comparison.versus(variant, against).speedup
-
-
-def fastest(comparison: Comparison) -> tuple[str, bool]:
-    """The variant with the least time per item, and whether it is significantly faster than every other one."""
-    rows = comparison.rows
-
-    def per_item(row: ComparisonRow) -> float:
-        m = row.measurement
-        return m.median / (m.items if comparison.per_item and m.items else 1)
-
-    best = min(rows, key=per_item)
-    clear = all(comparison.versus(best.name, r.name).outcome is Outcome.FASTER for r in rows if r.name != best.name)
-    return best.name, clear
-
-
-def memory_change(before: MemoryReport, after: MemoryReport, field: str = "peak_saved_bytes") -> str:
-    """'3.10x less', 'same', '1.20x more' or 'none kept (was X)': a MemoryReport field of two reports.
-
-    ``field`` defaults to the most saved-for-backward bytes alive at once: for one forward and backward
-    that is everything the forward saved; for several passes (accumulation) one pass's worth.
-
-    Raises:
-        ValueError: ``field`` is not a byte count of a MemoryReport, or a report lacks it (CUDA-only fields).
-    """
-    if field not in ("saved_bytes", "peak_saved_bytes", "peak_allocated_bytes", "peak_reserved_bytes"):
-        raise ValueError(f"field must name a MemoryReport byte count such as 'peak_saved_bytes', got {field!r}")
-    base, new = getattr(before, field), getattr(after, field)
-    if base is None or new is None:
-        raise ValueError(f"{field} was not measured on {before.device} (CUDA only): pick 'peak_saved_bytes'")
-    if new == base:
-        return "same"
-    if new == 0:
-        return f"none kept (was {format_bytes(base)})"
-    return f"{base / new:.2f}x less" if new < base else f"{new / base:.2f}x more"
-
-
-def break_even(cost: CompileCost, comparison: Comparison, compiled: str, eager: str) -> dict[str, int] | None:
-    """Calls after which compiling paid for itself, ``{"cold": n, "warm": n}`` (fresh-process first calls).
-
-    None unless ``compiled`` ran significantly faster than ``eager`` in ``comparison``: a compile that
-    buys nothing measurable is never paid back.
-    """
-    row = comparison.versus(compiled, eager)
-    if row.outcome is not Outcome.FASTER:
-        return None
-    eager_s, compiled_s = comparison[eager].measurement.median, comparison[compiled].measurement.median
-    calls = {cache: cost.calls_to_pay_off(eager_s, compiled_s, cache=cache) for cache in ("cold", "warm")}
-    if any(n is None for n in calls.values()):
-        return None
-    return {cache: max(1, math.ceil(n)) for cache, n in calls.items()}
-
-
-def break_even_note(calls: Mapping[str, int] | None, unit: str = "calls") -> str:
-    """'pays off after 3,334 calls cold, 334 warm', or 'never pays off here': a ``break_even`` result in words.
-
-    Args:
-        calls: what ``break_even`` returned: ``{"cold": n, "warm": n}``, or None (never paid back).
-        unit: what the counts count, e.g. "steps" for a compiled training step.
-
-    Raises:
-        TypeError: ``calls`` is neither None nor a mapping of whole numbers, or ``unit`` is not a string.
-        ValueError: ``calls`` lacks its "cold" or "warm" count, a count is not positive, or ``unit`` is empty.
-    """
-    if not isinstance(unit, str):
-        raise TypeError(f"unit must be a string such as 'calls' or 'steps', got {type(unit).__name__}")
-    if not unit.strip():
-        raise ValueError("unit must name what is counted, such as 'calls' or 'steps'")
-    if calls is None:
-        return "never pays off here"
-    if not isinstance(calls, Mapping):
-        raise TypeError(f"calls must be break_even()'s result (a dict or None), got {type(calls).__name__}")
-    missing = [cache for cache in ("cold", "warm") if cache not in calls]
-    if missing:
-        raise ValueError(f"calls must hold 'cold' and 'warm' counts, as break_even() returns; missing {missing}")
-    for cache in ("cold", "warm"):
-        check_positive(calls[cache], f"calls[{cache!r}]", allow_none=False, integer=True)
-    return f"pays off after {calls['cold']:,} {unit} cold, {calls['warm']:,} warm"
-
-
-def separate_runs_ratio(measurement: Measurement, reference: Measurement) -> str:
-    """'1.23x the items/s of one process (separate runs, not tested)': two measurements timed apart, in words.
-
-    The ratio is of items per second when both measurements count items, else of calls per second.
-    Measurements taken in separate runs share no interleaved rounds, so there is no paired interval:
-    the words say that the ratio was not tested for significance (``compare`` gives the paired verdict).
-
-    Raises:
-        TypeError: an argument is not a Measurement.
-        ValueError: a median is zero (no rate).
-    """
-    for name, m in (("measurement", measurement), ("reference", reference)):
-        if not isinstance(m, Measurement):
-            raise TypeError(f"{name} must be a Measurement (measure(...), or a result's as_measurement()), got {m!r}")
-        if m.median <= 0:
-            raise ValueError(f"{name} {m.label!r} has a median of zero: time a workload that takes measurable time")
-    if measurement.items and reference.items:
-        ratio, rate = measurement.items_per_second / reference.items_per_second, "items/s"
-    else:
-        ratio, rate = reference.median / measurement.median, "calls/s"
-    return f"{ratio:.2f}x the {rate} of {reference.label} (separate runs, not tested)"
-
-
-def direction(row: ComparisonRow) -> str:
-    """'faster', 'slower', 'not significant', 'suspect' or 'baseline': ``row.outcome`` as one word.
-
-    Raises:
-        TypeError: ``row`` is not a ComparisonRow.
-    """
-    if not isinstance(row, ComparisonRow):
-        raise TypeError(f"row must be a ComparisonRow (comparison[name]), got {type(row).__name__}")
-    return row.outcome.value
-
-
-def overall(rows: Iterable[ComparisonRow]) -> str:
-    """'all faster', 'all slower', 'none significant' or 'mixed': the non-baseline rows' outcomes read together.
-
-    A suspect row (faster although it does more work) is not a speedup: it reads as not significant here.
-
-    Raises:
-        TypeError: an element is not a ComparisonRow.
-        ValueError: no non-baseline row is given.
-    """
-    words = {_plain_outcome(r) for r in rows} - {Outcome.BASELINE}
-    if not words:
-        raise ValueError("overall() needs at least one row that is not the baseline")
-    if words == {Outcome.NOT_SIGNIFICANT}:
-        return "none significant"
-    return f"all {words.pop().value}" if len(words) == 1 else "mixed"
-
-
-def by_outcome(rows: Mapping[str, ComparisonRow]) -> dict[str, tuple[str, ...]]:
-    """The names of ``rows`` grouped by outcome: keys 'faster', 'slower', 'not significant' (in that order).
-
-    Baseline rows are left out; a suspect row counts as not significant. Raises TypeError for a value that
-    is not a ComparisonRow.
-    """
-    groups: dict[Outcome, list[str]] = {Outcome.FASTER: [], Outcome.SLOWER: [], Outcome.NOT_SIGNIFICANT: []}
-    for name, row in rows.items():
-        outcome = _plain_outcome(row)
-        if outcome is not Outcome.BASELINE:
-            groups[outcome].append(name)
-    return {outcome.value: tuple(names) for outcome, names in groups.items()}
-
-
-def _plain_outcome(row: ComparisonRow) -> Outcome:
-    """``row``'s outcome with a suspect speedup read as what it is: not a significant difference."""
-    if not isinstance(row, ComparisonRow):
-        raise TypeError(f"expected a ComparisonRow (comparison[name]), got {type(row).__name__}")
-    return Outcome.NOT_SIGNIFICANT if row.outcome is Outcome.SUSPECT else row.outcome
+__all__ = ["MedianDrift", "TradeOff", "TradeOffRow", "VerdictRow", "VerdictTable", "median_drift", "trade_off"]
 
 
 @dataclass(frozen=True)
@@ -226,7 +39,7 @@ class TradeOffRow:
     variant: str
     against: str
     time: str  # the paired time verdict
-    memory: str  # memory_change() of the two reports' ``field``
+    memory: str  # MemoryReport.change_from() of the two reports' ``field``
     bytes_before: int  # ``field`` of ``against``
     bytes_after: int  # ``field`` of ``variant``
     cuda_peak_before: int | None = None  # CUDA: the allocator's peak above the start (None elsewhere)
@@ -283,11 +96,11 @@ def trade_off(
     """Time and memory of ``variants`` (default: every row but ``against``) against ``against`` (default: the baseline).
 
     The comparison must have been run with ``memory=True``. Time is the paired verdict; memory is
-    ``memory_change`` of the MemoryReport ``field`` (default: the most saved-for-backward bytes alive at once).
+    ``MemoryReport.change_from`` of the ``field`` (default: the most saved-for-backward bytes alive at once).
 
     Raises:
         KeyError: a name is not a variant of ``comparison``.
-        ValueError: the comparison has no memory reports, or ``field`` is not a byte count (see memory_change).
+        ValueError: the comparison has no memory reports, or ``field`` is not a byte count (see MemoryReport.change_from).
     """
     against = comparison.baseline if against is None else against
     names = [r.name for r in comparison.rows if r.name != against] if variants is None else list(variants)
@@ -303,7 +116,7 @@ def trade_off(
                 name,
                 against,
                 row.verdict,
-                memory_change(before, after, field),
+                after.change_from(before, field),
                 getattr(before, field),
                 getattr(after, field),
                 before.peak_extra_bytes,

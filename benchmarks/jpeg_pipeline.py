@@ -107,7 +107,9 @@ def main(argv):
 
     from tricks_lib.comparing import Budget, compare
     from tricks_lib.data.images import encode_image, render_photos
-    from tricks_lib.data.jpeg_pipeline import JpegBatchDataset, JpegLoader, limit_worker_threads, pipeline_efficiency
+    from tricks_lib.data.jpeg_batches import JpegBatchDataset, limit_worker_threads
+    from tricks_lib.data.jpeg_pipeline import JpegLoader
+    from tricks_lib.data.loader_efficiency import pipeline_efficiency
     from tricks_lib.env import describe
 
     global _POOL_DATA

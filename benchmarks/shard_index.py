@@ -39,7 +39,7 @@ def make_samples(n: int) -> list[dict]:
 def main(argv: list[str]) -> int:
     from tricks_lib.comparing import Budget, compare
     from tricks_lib.data.cache import drop_from_page_cache, evict_from_page_cache
-    from tricks_lib.data.shard_index import index_file_path
+    from tricks_lib.data.shard_index_file import index_file_path
     from tricks_lib.data.shards import TarShardDataset, write_tar_shards
 
     quick = "--quick" in argv

@@ -1,4 +1,5 @@
-"""Tests for tricks_lib.data.containers: every container round-trips and writes atomically."""
+"""Tests for the one-file containers (tricks_lib.data.containers and its lmdb_, hdf5_ and tfrecord_container
+siblings): every container round-trips and writes atomically."""
 
 import json
 import os
@@ -8,19 +9,11 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from tricks_lib.data.containers import (
-    FolderDataset,
-    Hdf5Dataset,
-    LmdbDataset,
-    PtDataset,
-    read_tfrecord,
-    write_hdf5,
-    write_lmdb,
-    write_npy,
-    write_pt,
-    write_tfrecord,
-)
+from tricks_lib.data.containers import FolderDataset, PtDataset, write_npy, write_pt
+from tricks_lib.data.hdf5_container import Hdf5Dataset, write_hdf5
 from tricks_lib.data.images import write_image_folder
+from tricks_lib.data.lmdb_container import LmdbDataset, write_lmdb
+from tricks_lib.data.tfrecord_container import read_tfrecord, write_tfrecord
 
 
 def make(n):
@@ -204,7 +197,7 @@ def test_tfrecord_truncation_and_missing_fields_are_errors(tmp_path):
 LMDB_READ_ALL = """
 import json, os, sys
 from tricks_lib.data import ShardError
-from tricks_lib.data.containers import LmdbDataset
+from tricks_lib.data.lmdb_container import LmdbDataset
 outcomes = []
 for path in sys.argv[1:]:
     read_end, write_end = os.pipe()
@@ -289,7 +282,7 @@ def test_an_lmdb_entry_that_is_missing_raises_key_error_not_none(tmp_path):
 # the test instead of the suite. Each child reports how its read ended.
 _FLIP_CHILD = r"""
 import json, os, resource, signal, sys
-from tricks_lib.data.containers import Hdf5Dataset
+from tricks_lib.data.hdf5_container import Hdf5Dataset
 from tricks_lib.data.tar_format import ShardError
 
 source, flips = sys.argv[1], json.loads(sys.argv[2])

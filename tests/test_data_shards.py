@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 from tricks_lib.data import shards as shards_mod
-from tricks_lib.data.shard_index import index_file_path, index_tar_shard, load_shard_index, write_index_file
+from tricks_lib.data.shard_index import index_tar_shard
+from tricks_lib.data.shard_index_file import index_file_path, load_shard_index, write_index_file
 from tricks_lib.data.shards import TarShardDataset, find_shards, write_tar_shards
 from tricks_lib.data.tar_format import ShardError
 

@@ -1,4 +1,4 @@
-"""The ShuffleNet V2 probe networks: FLOP-matched within each table, shapes that run."""
+"""The ShuffleNet V2 probe networks: FLOP-matched within each table, shapes that run; the paper's tables; the hybrids."""
 
 import pytest
 import torch
@@ -6,17 +6,15 @@ from torch import nn
 
 from tricks_lib.design.flops import count_flops
 from tricks_lib.design.probe_blocks import (
-    SHUFFLENET_V2_TABLES,
     bottleneck_net,
     channel_ratio_net,
     fragment_net,
     group_conv_net,
-    paper_throughput_ratios,
     probe_input,
     ratio_channels,
     shufflenet_v2_probes,
-    trend_against_paper,
 )
+from tricks_lib.design.probe_tables import SHUFFLENET_V2_TABLES, paper_throughput_ratios, trend_against_paper
 from tricks_lib.measurements import ComparisonRow, Measurement
 
 
@@ -109,7 +107,7 @@ def test_trend_against_paper():
 
 
 def test_hybrid_nets_have_equal_flops_and_run():
-    from tricks_lib.design.probe_blocks import HYBRID_LAYOUTS, hybrid_nets
+    from tricks_lib.design.hybrid_probes import HYBRID_LAYOUTS, hybrid_nets
 
     torch.manual_seed(0)
     nets = hybrid_nets(32, reference_mid=32, max_mid=128)
@@ -121,7 +119,7 @@ def test_hybrid_nets_have_equal_flops_and_run():
 
 
 def test_transformer_block_counts_its_attention():
-    from tricks_lib.design.probe_blocks import _TransformerBlock
+    from tricks_lib.design.hybrid_probes import _TransformerBlock
 
     c, mid, n = 32, 64, 16  # 4x4 positions
     block = _TransformerBlock(c, mid, heads=4)
@@ -130,7 +128,7 @@ def test_transformer_block_counts_its_attention():
 
 
 def test_hybrid_net_rejects_bad_layouts():
-    from tricks_lib.design.probe_blocks import hybrid_net
+    from tricks_lib.design.hybrid_probes import hybrid_net
 
     with pytest.raises(ValueError):
         hybrid_net((("mlp", 1), ("conv", 1)), mid=8)
@@ -153,7 +151,7 @@ def test_paper_throughput_ratios():
 
 
 def test_probe_table_reads_each_row_against_the_paper_half():
-    from tricks_lib.design.probe_blocks import ProbeTable, ProbeTrends, paper_throughput_ratios
+    from tricks_lib.design.probe_tables import ProbeTable, ProbeTrends
     from tricks_lib.measurements import Comparison
 
     def timed(name, s):

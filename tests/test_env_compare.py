@@ -1,15 +1,10 @@
-"""compare_environments / evaluate_in_environments: each worker process runs under its own environment."""
+"""compare_environments / evaluate_in_environments / allocators: each worker process runs under its own environment."""
 
 import pytest
 
-from tricks_lib.inference.env_compare import (
-    EnvironmentComparison,
-    allocator_environments,
-    compare_environments,
-    evaluate_in_environments,
-    find_shared_library,
-    loaded_allocators,
-)
+from tricks_lib.inference.allocators import allocator_environments, find_shared_library, loaded_allocators
+from tricks_lib.inference.env_compare import EnvironmentComparison, compare_environments
+from tricks_lib.inference.env_workers import evaluate_in_environments
 
 ENVS = {"a": {"TRICKS_ENV_PROBE": "a"}, "b": {"TRICKS_ENV_PROBE": "b"}}
 
@@ -60,9 +55,9 @@ def test_caption_gives_each_workers_threads():
 
 
 def test_allocator_environments_name_what_is_missing(monkeypatch):
-    import tricks_lib.inference.env_compare as env_compare
+    import tricks_lib.inference.allocators as allocators
 
-    monkeypatch.setattr(env_compare, "find_shared_library", lambda name: None if "jemalloc" in name else f"/lib/{name}")
+    monkeypatch.setattr(allocators, "find_shared_library", lambda name: None if "jemalloc" in name else f"/lib/{name}")
     environments, missing = allocator_environments()
     assert environments == {
         "glibc malloc": {"LD_PRELOAD": None},

@@ -1,4 +1,5 @@
-"""tricks_lib.data.jpeg_pipeline: same samples as a plain decode, each once per epoch; the ring's contract."""
+"""tricks_lib.data.jpeg_pipeline (with jpeg_batches and loader_efficiency): same samples as a plain decode,
+each once per epoch; the ring's contract."""
 
 import io
 import resource
@@ -12,15 +13,15 @@ from PIL import Image
 
 from tricks_lib.comparing import Budget, compare
 from tricks_lib.data.images import encode_image, render_photos
-from tricks_lib.data.jpeg_pipeline import (
+from tricks_lib.data.jpeg_batches import (
     BatchRequest,
     JpegBatchDataset,
-    JpegLoader,
     _shared_uint8,
     limit_worker_threads,
-    pipeline_efficiency,
     prefault_pages,
 )
+from tricks_lib.data.jpeg_pipeline import JpegLoader
+from tricks_lib.data.loader_efficiency import pipeline_efficiency
 
 SIDE = 24
 

@@ -1,4 +1,4 @@
-"""tricks_lib.profiling.phases: phase_split's two readings on phases of known durations, phase_shift, argument errors."""
+"""tricks_lib.profiling.phases and phase_shifts: phase_split's two readings on known durations, phase_shift, errors."""
 
 import itertools
 import time
@@ -6,14 +6,8 @@ import time
 import pytest
 import torch
 
-from tricks_lib.profiling.phases import (
-    WAIT_PHASE,
-    PhaseShift,
-    PhaseSplit,
-    phase_shift,
-    phase_split,
-    plot_phase_shares,
-)
+from tricks_lib.profiling.phase_shifts import PhaseShift, phase_shift, plot_phase_shares
+from tricks_lib.profiling.phases import WAIT_PHASE, PhaseSplit, phase_split
 from tricks_lib.report.results import record
 
 # A loader taking 20 ms per batch; a step of copy 5 ms, forward 10 ms, backward 15 ms.

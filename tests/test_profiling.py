@@ -144,10 +144,11 @@ def test_py_spy_sample_finds_the_python_loop_or_says_why_not():
     if result.ok:
         # The dump is one instant's stack: the loop is always on it; the dataset only when the instant fell
         # inside a read (CI once caught the 3% of time between reads), so the dataset is checked in the shares.
-        assert "read_jitter_forever" in result.dump and not re.search(r"/\w+/", result.dump)  # no folders
+        # No absolute folders: a path starts at the package (py-spy's own "tricks_lib/profiling/..." form).
+        assert "read_jitter_forever" in result.dump and not re.search(r"(?<![\w.+-])/\w+/", result.dump)
         assert any("PixelJitterDataset" in name for name in result.leaf_shares), result.leaf_shares
         assert 0 < len(result.leaf_shares) <= 4 and sum(result.leaf_shares.values()) <= 1.0 + 1e-9
-        assert "profiling.py)" in next(iter(result.leaf_shares))  # the dataset's module leads
+        assert "profiler.py)" in next(iter(result.leaf_shares))  # the dataset's module leads
     else:  # no py-spy, or no ptrace permission here: the reason, not a hang or an exception
         assert result.error.startswith("py-spy") and not result.dump and not result.leaf_shares
 

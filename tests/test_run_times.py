@@ -5,9 +5,16 @@ import json
 import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+from runner_fixtures import shared_run_once
 
 from tricks_lib.formatting import format_seconds
 from tricks_lib.report.run_times import LEDGER_NAME, MARKER, record_run_time, run_time_line, stamp_run_time
+
+
+@pytest.fixture(scope="session")
+def shared_run(tmp_path_factory):
+    """One run of tiny notebooks (runner_fixtures), shared by every test that only reads what it wrote."""
+    return shared_run_once(tmp_path_factory)
 
 
 def test_the_line_reads_what_was_recorded_per_mode(tmp_path):
@@ -38,25 +45,13 @@ def test_stamping_replaces_the_earlier_line_and_keeps_the_title():
 
 
 @pytest.mark.slow
-def test_refresh_writes_the_recorded_time_into_the_title_cell(tmp_path):
-    from tricks_lib.report.notebook_source import find_notebooks
-    from tricks_lib.report.runner import run_notebooks
-
-    folder = tmp_path / "nbs"
-    folder.mkdir()
-    cells = [new_markdown_cell("# 10 · Test"), new_code_cell("x = 1")]
-    nbformat.write(
-        new_notebook(
-            cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
-        ),
-        folder / "10_t.ipynb",
-    )
-    runs = run_notebooks(find_notebooks(folder), tmp_path / "out", quick=True, refresh=True, progress=False)
-    assert runs[0].ok
-    title = nbformat.read(folder / "10_t.ipynb", as_version=4).cells[0].source
-    recorded = json.loads((folder / LEDGER_NAME).read_text())["10_t"]["quick"]["seconds"]
-    assert title.startswith("# 10 · Test") and f"quick mode {format_seconds(recorded)}" in title
-    assert len(json.loads((folder / LEDGER_NAME).read_text())["10_t"]["quick"]["cells"]) == 1
+def test_refresh_writes_the_recorded_time_into_the_title_cell(shared_run):
+    # The shared run refreshed 10_ok (runner_fixtures): its title cell now says what the run took.
+    title = nbformat.read(shared_run.notebooks / "10_ok.ipynb", as_version=4).cells[0].source
+    recorded = json.loads((shared_run.notebooks / LEDGER_NAME).read_text())["10_ok"]["quick"]
+    assert title.startswith("# 10 · OK") and f"quick mode {format_seconds(recorded['seconds'])}" in title
+    assert title == f"# 10 · OK\n\n{run_time_line(shared_run.notebooks, '10_ok')}"
+    assert len(recorded["cells"]) == 2  # one time per code cell, for the next run's progress bar
 
 
 def test_cell_times_are_kept_for_the_next_progress_bar(tmp_path):

@@ -5,6 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the run extra's: imported when the command runs (a core install lacks them)
+    from tricks_lib.report.notebook_source import NotebookSource
+    from tricks_lib.report.runner import NotebookRun, RunPlan
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -54,87 +59,109 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "describe":
-        from tricks_lib.env import describe
-
-        info = describe()
-        print(info.summary())
-        for key, value in info.to_dict().items():
-            shown = ", ".join(map(str, value)) if isinstance(value, (tuple, list)) else "-" if value is None else value
-            print(f"  {key}: {shown}")
-        return 0
-
+        return _describe()
     if args.command == "diff":
-        import json
+        return _diff(args)
+    return _run(args)
 
-        from tricks_lib.report.summary_diff import compare_summaries, diff_markdown, load_summary
 
-        try:
-            report = compare_summaries(load_summary(args.first), load_summary(args.second))
-        except (OSError, ValueError) as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 2
-        print(json.dumps(report, indent=2) if args.json else diff_markdown(report), end="" if not args.json else "\n")
-        return 0
+def _error(message: str) -> int:
+    """Say what is wrong in one line (no traceback); the exit code of a bad invocation."""
+    print(f"error: {message}", file=sys.stderr)
+    return 2
 
+
+def _describe() -> int:
+    from tricks_lib.env import describe
+
+    info = describe()
+    print(info.summary())
+    for key, value in info.to_dict().items():
+        shown = ", ".join(map(str, value)) if isinstance(value, (tuple, list)) else "-" if value is None else value
+        print(f"  {key}: {shown}")
+    return 0
+
+
+def _diff(args: argparse.Namespace) -> int:
+    import json
+
+    from tricks_lib.report.summary_diff import compare_summaries, diff_markdown, load_summary
+
+    try:
+        report = compare_summaries(load_summary(args.first), load_summary(args.second))
+    except (OSError, ValueError) as err:
+        return _error(str(err))
+    print(json.dumps(report, indent=2) if args.json else diff_markdown(report), end="" if not args.json else "\n")
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    """``run``: check the arguments, list the notebooks (``--dry-run``) or run them; the exit code."""
     from tricks_lib.env import quick_mode
 
     try:
-        from tricks_lib.report.notebook_source import find_notebooks, last_run_seconds, locate_notebooks
-        from tricks_lib.report.runner import earlier_results, run_notebooks, write_summary
+        from tricks_lib.report.notebook_source import find_notebooks, locate_notebooks
+        from tricks_lib.report.runner import plan_run, run_plan, write_summary
     except ImportError as err:  # the core install has no Jupyter stack (so Colab's kernel stays as it is)
-        print(
-            f"error: the main command needs Jupyter's runner ({err.name} is missing): pip install 'tricks_lib[run]'",
-            file=sys.stderr,
-        )
-        return 2
-
+        return _error(f"the main command needs Jupyter's runner ({err.name} is missing): pip install 'tricks_lib[run]'")
     if args.timeout <= 0:
-        print("error: --timeout must be a positive number of seconds", file=sys.stderr)
-        return 2
+        return _error("--timeout must be a positive number of seconds")
     if args.out.exists() and not args.out.is_dir():
-        print(f"error: --out {args.out} is a file; pass a folder (it is created if missing)", file=sys.stderr)
-        return 2
+        return _error(f"--out {args.out} is a file; pass a folder (it is created if missing)")
     try:
-        quick = args.quick or quick_mode()
-    except ValueError as err:  # a bad TRICKS_QUICK: one line, not a traceback
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    try:
+        quick = args.quick or quick_mode()  # a bad TRICKS_QUICK: one line, not a traceback
         source = locate_notebooks(args.notebooks)
         paths = find_notebooks(source.folder, args.only)
     except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    mode = "quick" if quick else "full"
+        return _error(str(err))
     if args.dry_run:
-        print(f"Notebooks: {source}")
-        print(f"Would run {len(paths)} notebook(s) in {mode} mode -> {args.out}/")
-        width = max(len(p.stem) for p in paths)
-        for path in paths:
-            seconds = last_run_seconds(path, quick=quick, ledger_dir=args.out if source.shipped else None)
-            last = f"last {mode} run {seconds:.0f} s" if seconds is not None else f"no {mode} run recorded"
-            print(f"  {path.stem:<{width}}  {last}")
-        return 0
+        return _dry_run(source, paths, args.out, quick=quick)
     if args.refresh and source.shipped:
-        print(
-            f"error: --refresh stores outputs back into a checkout's notebooks/; {source.folder} is the installed "
-            "package's copy. Run it in a clone of the repository, or drop --refresh",
-            file=sys.stderr,
+        return _error(
+            f"--refresh stores outputs back into a checkout's notebooks/; {source.folder} is the installed "
+            "package's copy. Run it in a clone of the repository, or drop --refresh"
         )
-        return 2
-    earlier = earlier_results(args.out, quick=quick)
-    print(f"Running {len(paths)} notebook(s) from {source} in {mode} mode -> {args.out}/", file=sys.stderr)
-    runs = run_notebooks(
-        paths, args.out, quick=quick, refresh=args.refresh, timeout=args.timeout, progress=not args.no_progress
-    )
+    try:
+        plan = plan_run(
+            paths,
+            args.out,
+            quick=quick,
+            refresh=args.refresh,
+            timeout=args.timeout,
+            progress=not args.no_progress,
+            source=source,
+        )
+    except ValueError as err:  # --refresh of the shipped copies named by --notebooks
+        return _error(str(err))
+    print(f"Running {len(paths)} notebook(s) from {source} in {plan.mode} mode -> {args.out}/", file=sys.stderr)
+    runs = run_plan(plan)
     md_path, json_path = write_summary(args.out, runs, quick=quick)
-    carried = [r.name for r in runs if r.carried_over]
-    if carried:
-        print(f"Summary merged: {', '.join(carried)} kept from the earlier run in {args.out}/", file=sys.stderr)
-    elif earlier is not None and not earlier.compatible:
-        print(f"Summary replaced: the earlier run in {args.out}/ {earlier.reason}", file=sys.stderr)
+    return _report(plan, runs, md_path, json_path)
+
+
+def _dry_run(source: NotebookSource, paths: list[Path], out: Path, *, quick: bool) -> int:
+    from tricks_lib.report.notebook_source import last_run_seconds
+
+    mode = "quick" if quick else "full"
+    print(f"Notebooks: {source}")
+    print(f"Would run {len(paths)} notebook(s) in {mode} mode -> {out}/")
+    width = max(len(p.stem) for p in paths)
+    for path in paths:
+        seconds = last_run_seconds(path, quick=quick, ledger_dir=out if source.shipped else None)
+        last = f"last {mode} run {seconds:.0f} s" if seconds is not None else f"no {mode} run recorded"
+        print(f"  {path.stem:<{width}}  {last}")
+    return 0
+
+
+def _report(plan: RunPlan, runs: list[NotebookRun], md_path: Path, json_path: Path) -> int:
+    """Say how the summary joined the folder's earlier one, where it is, and what failed; the exit code."""
     from tricks_lib.report.summary_html import SUMMARY_HTML_NAME
 
+    carried = [r.name for r in runs if r.carried_over]
+    if carried:
+        print(f"Summary merged: {', '.join(carried)} kept from the earlier run in {plan.out_dir}/", file=sys.stderr)
+    elif plan.replace_reason is not None:
+        print(f"Summary replaced: the earlier run in {plan.out_dir}/ {plan.replace_reason}", file=sys.stderr)
     print(f"Summary: {md_path}, {json_path} and {md_path.with_name(SUMMARY_HTML_NAME)}", file=sys.stderr)
     failures = [r for r in runs if not r.ok]
     for run in failures:

@@ -1,6 +1,6 @@
 """Progress bars for long loops: a tqdm widget in Jupyter, text elsewhere, off for headless runs.
 
-- ``progress_bar(iterable)`` wraps a notebook's own loop (importable from ``tricks_lib.timing`` too).
+- ``progress_bar(iterable)`` wraps a notebook's own loop (the package root re-exports it).
 - ``optional_progress_bar(enabled, total, desc)`` is for the package's loops (``measure``,
   ``compare``, the ladder, ...): a bar to update by hand, or None when there is none to draw.
 """

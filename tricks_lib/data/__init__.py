@@ -2,13 +2,17 @@
 ``IterableDataset``, one-file containers, a device prefetcher and page-cache control.
 
 Modules: ``images`` (generator, encode/decode, folder writer), ``shards`` (tar shards and the
-dataset over them), ``shard_index`` (a shard's index and the checked index file beside it),
-``tar_format`` (the strict tar reader under the shards), ``image_folder`` (your own images in the
-ImageFolder layout, converted to shards), ``samples`` (the sample check every writer
-runs), ``containers`` (LMDB, HDF5, TFRecord, .pt, .npy), ``jpeg_pipeline`` (JPEG batches decoded
-in DataLoader workers into reused shared memory), ``prefetch`` (DevicePrefetcher), ``cache``
-(page-cache eviction and residency; a process's and a DataLoader worker's private memory). All
-writers are atomic: temporary name, rename on success.
+dataset over them), ``shard_index`` (a shard's index, and reading samples by it),
+``shard_index_file`` (the checked index file kept beside a shard), ``tar_format`` (the strict tar
+reader under the shards), ``image_folder`` (your own images in the ImageFolder layout, converted to
+shards), ``samples`` (the sample check every writer runs), ``containers`` (what the one-file
+containers share; a folder of files, .pt, .npy), ``lmdb_container``, ``hdf5_container`` and
+``tfrecord_container`` (one checked container each), ``jpeg_batches`` (JPEG batches decoded in a
+DataLoader worker into preallocated shared memory), ``jpeg_pipeline`` (JpegLoader: those batches
+through a reused ring), ``loader_efficiency`` (a loader's samples/s against every core decoding as
+fast as one), ``prefetch`` (DevicePrefetcher), ``cache`` (page-cache eviction and residency; a
+process's and a DataLoader worker's private memory). All writers are atomic: temporary name, rename
+on success.
 """
 
 from tricks_lib.data.cache import (
@@ -21,18 +25,8 @@ from tricks_lib.data.cache import (
     page_cache_residency,
     process_memory,
 )
-from tricks_lib.data.containers import (
-    FolderDataset,
-    Hdf5Dataset,
-    LmdbDataset,
-    PtDataset,
-    read_tfrecord,
-    write_hdf5,
-    write_lmdb,
-    write_npy,
-    write_pt,
-    write_tfrecord,
-)
+from tricks_lib.data.containers import FolderDataset, PtDataset, write_npy, write_pt
+from tricks_lib.data.hdf5_container import Hdf5Dataset, write_hdf5
 from tricks_lib.data.image_folder import (
     image_folder_classes,
     image_folder_files,
@@ -50,22 +44,22 @@ from tricks_lib.data.images import (
     render_photos,
     write_image_folder,
 )
-from tricks_lib.data.jpeg_pipeline import (
+from tricks_lib.data.jpeg_batches import (
     JPEG_DECODERS,
     BatchRequest,
     JpegBatchDataset,
-    JpegLoader,
-    LoaderCounts,
-    PipelineEfficiency,
     limit_worker_threads,
-    pipeline_efficiency,
     prefault_pages,
 )
+from tricks_lib.data.jpeg_pipeline import JpegLoader, LoaderCounts
+from tricks_lib.data.lmdb_container import LmdbDataset, write_lmdb
+from tricks_lib.data.loader_efficiency import PipelineEfficiency, pipeline_efficiency
 from tricks_lib.data.prefetch import DevicePrefetcher, move_to_device
 from tricks_lib.data.samples import check_samples
 from tricks_lib.data.shard_index import ShardIndex, index_tar_shard, read_tar_samples
 from tricks_lib.data.shards import TarShardDataset, find_shards, write_tar_shards
 from tricks_lib.data.tar_format import ShardError
+from tricks_lib.data.tfrecord_container import read_tfrecord, write_tfrecord
 
 __all__ = [
     "BatchRequest",

@@ -18,10 +18,10 @@ worker ``w`` of ``W`` takes the same-formula sub-range of its rank's range. The 
 with fewer shards than consumers (a shard is then split between consumers by byte offset), and
 consumers differ by at most one sample. Each consumer reads contiguous byte ranges: sequential IO.
 
-Index files (:mod:`tricks_lib.data.shard_index`): the writer keeps a small hidden index file beside
+Index files (:mod:`tricks_lib.data.shard_index_file`): the writer keeps a small hidden index file beside
 each shard (``.shard-000000.tar.idx``), so that constructing the dataset does not read every header
 of every shard; it is used only after it is checked against the shard, and rebuilt when missing,
-stale or damaged. Every name of that module is importable from here as well.
+stale or damaged.
 """
 
 from __future__ import annotations
@@ -40,13 +40,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 from tricks_lib._atomic import atomic_path
 from tricks_lib._validate import check_flag, check_non_negative_int, check_positive
 from tricks_lib.data.samples import check_samples
-from tricks_lib.data.shard_index import (
-    index_tar_shard,
-    load_shard_index,
-    read_tar_samples,
-    request_read_ahead,
-    write_index_file,
-)
+from tricks_lib.data.shard_index import index_tar_shard, read_tar_samples, request_read_ahead
+from tricks_lib.data.shard_index_file import load_shard_index, write_index_file
 
 __all__ = ["TarShardDataset", "find_shards", "write_tar_shards"]
 

@@ -5,10 +5,12 @@ Modules: ``conversions`` (``fuse_conv_bn``, ``reparameterize``, ``output_error``
 ``repvgg`` (``RepVGGBlock``), ``compiled`` (``compile_frozen``, ``compiled_source``, ``frozen_parameters``,
 ``export_for_fresh_processes``), ``fake_quant`` (1-8 bit weights), ``accuracy_table`` (accuracy, error and
 size of lossy variants against one reference), ``env_compare`` (``compare_environments``: allocators and
-OpenMP settings, each in its own process).
+OpenMP settings, each in its own process), ``env_workers`` (those worker processes;
+``evaluate_in_environments``), ``allocators`` (jemalloc and tcmalloc: found here, and really preloaded).
 """
 
 from tricks_lib.inference.accuracy_table import AccuracyCost, AccuracyTable
+from tricks_lib.inference.allocators import ALLOCATORS, allocator_environments, find_shared_library, loaded_allocators
 from tricks_lib.inference.compiled import compile_frozen, compiled_source, export_for_fresh_processes, frozen_parameters
 from tricks_lib.inference.conversions import (
     OutputError,
@@ -18,15 +20,8 @@ from tricks_lib.inference.conversions import (
     reparameterize,
     serialized_size,
 )
-from tricks_lib.inference.env_compare import (
-    ALLOCATORS,
-    EnvironmentComparison,
-    allocator_environments,
-    compare_environments,
-    evaluate_in_environments,
-    find_shared_library,
-    loaded_allocators,
-)
+from tricks_lib.inference.env_compare import EnvironmentComparison, compare_environments
+from tricks_lib.inference.env_workers import evaluate_in_environments
 from tricks_lib.inference.fake_quant import (
     SUPPORTED_BITS,
     WeightFakeQuant,

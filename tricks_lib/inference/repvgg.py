@@ -5,8 +5,6 @@ sums three branches, each followed by BatchNorm: a 3x3 conv, a 1x1 conv, and (wh
 shapes match) the identity. In eval mode every branch is linear, so their sum is one 3x3 conv with a
 bias: the 1x1 kernel is zero-padded to 3x3, the identity is a 3x3 kernel with a 1 at the centre of
 its own channel, and each BatchNorm folds into its branch's kernel and bias.
-
-This module does not import ``tricks_lib.training.models`` (which re-exports ``RepVGGBlock``).
 """
 
 from __future__ import annotations

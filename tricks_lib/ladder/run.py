@@ -11,7 +11,7 @@ and is also reported on its own.
 
 The data (``ImageData``, ``photo_data``, ``cifar10_data``, ``augment_batch``) live in
 ``tricks_lib.ladder.images`` and the results (``Rung``, ``RungResult``, ``Ladder``) in
-``tricks_lib.ladder.results``; both are importable from here too.
+``tricks_lib.ladder.results``; the package ``tricks_lib.ladder`` re-exports all three modules.
 
 ``run_ladder(base, rungs, data, seeds=...)`` stacks the rungs (each keeps the changes before it),
 trains every rung from the same seeds and returns a ``Ladder`` (mean and spread over seeds, a

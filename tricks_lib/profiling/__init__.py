@@ -1,11 +1,12 @@
 """Time analysis: where a step's time goes, read by timers and by ``torch.profiler``.
 
 Modules: ``profiler`` (``step_split``, py-spy sampling, the jittered dataset), ``phases`` (``phase_split``:
-data loading vs compute measured two ways, and the fix that moves it), ``trace`` (a Chrome trace's events
-and its timeline).
+data loading vs compute measured two ways), ``phase_shifts`` (``phase_shift``: how a fix moved the split;
+``plot_phase_shares``), ``trace`` (a Chrome trace's events and its timeline).
 """
 
-from tricks_lib.profiling.phases import WAIT_PHASE, PhaseShift, PhaseSplit, phase_shift, phase_split, plot_phase_shares
+from tricks_lib.profiling.phase_shifts import PhaseShift, phase_shift, plot_phase_shares
+from tricks_lib.profiling.phases import WAIT_PHASE, PhaseSplit, phase_split
 from tricks_lib.profiling.profiler import (
     JITTER_SCRIPT,
     PixelJitterDataset,

@@ -6,19 +6,18 @@
   ``time.perf_counter`` around each phase (on CUDA, the device synchronized before each read), and by
   ``torch.profiler`` from the ``record_function`` range each phase also runs in. The result carries
   both readings and how far they disagree, so a notebook can assert that they agree.
-- ``phase_shift(before, after)``: how a fix moved the split, phase by phase, as a ``PhaseShift``.
-- ``plot_phase_shares(splits)``: stacked bars of each split's phase shares, both readings.
 
 The phases are given either as an ordered mapping ``name -> callable``, each called with what the
 previous one returned (the first with the batch), or as a step function ``step(batch, phase)`` that
-marks its own phases with ``with phase("forward"): ...``.
+marks its own phases with ``with phase("forward"): ...``. How a fix moved the split (``phase_shift``)
+and the splits' shares plotted (``plot_phase_shares``) are in ``phase_shifts``.
 """
 
 from __future__ import annotations
 
 import statistics
 import timeit
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import ClassVar
@@ -33,7 +32,7 @@ from tricks_lib.profiling.profiler import next_batch
 from tricks_lib.progress import optional_progress_bar as _progress_bar
 from tricks_lib.timed_blocks import synced_timer as _synced_timer
 
-__all__ = ["WAIT_PHASE", "PhaseShift", "PhaseSplit", "phase_shift", "phase_split", "plot_phase_shares"]
+__all__ = ["WAIT_PHASE", "PhaseSplit", "phase_split"]
 
 WAIT_PHASE = "wait for batch"  # the phase phase_split adds itself: next() on the loader's iterator
 _WINDOW = "phase_split: timed steps"  # the profiler range around the timed steps (warm-up left out)
@@ -400,153 +399,3 @@ def phase_split(
         device=str(dev),
         items_per_step=items_per_step,
     )
-
-
-@dataclass(frozen=True)
-class PhaseShift:
-    """How a change moved a loop's split: each phase's share (timers) before and after.
-
-    A phase ``moved`` when its share changed by more than ``tolerance`` (a fraction) and by more
-    than both splits' own timer-vs-profiler disagreement. ``focus`` is the phase the verdict reads
-    (None: the one that changed most).
-    """
-
-    change: str
-    before: PhaseSplit
-    after: PhaseSplit
-    tolerance: float
-    focus: str | None = None
-
-    @property
-    def changes(self) -> dict[str, float]:
-        """Per phase (of either split): share after minus share before (fractions)."""
-        b, a = self.before.timer_shares, self.after.timer_shares
-        return {name: a.get(name, 0.0) - b.get(name, 0.0) for name in dict.fromkeys([*b, *a])}
-
-    @property
-    def threshold(self) -> float:
-        """The smallest share change that counts as a move."""
-        return max(self.tolerance, self.before.disagreement, self.after.disagreement)
-
-    @property
-    def moved(self) -> dict[str, bool]:
-        return {name: abs(c) > self.threshold for name, c in self.changes.items()}
-
-    @property
-    def largest(self) -> str:
-        """The phase whose share changed most."""
-        changes = self.changes
-        return max(changes, key=lambda name: abs(changes[name]))
-
-    @property
-    def verdict(self) -> str:
-        """One computed line: the focus phase's change (or the largest), whether it moved, the bounds, items/s."""
-        name = self.focus or self.largest
-        change = self.changes[name]
-        b, a = self.before.timer_shares.get(name, 0.0), self.after.timer_shares.get(name, 0.0)
-        moved = "moved" if self.moved[name] else f"did not move (within {100 * self.threshold:.0f} pt)"
-        rates = (self.before.items_per_second, self.after.items_per_second)
-        rate = "" if None in rates else f"; items/s {rates[1] / rates[0]:.2f}x"
-        return (
-            f"{name} {b:.0%} -> {a:.0%} of the step ({100 * change:+.0f} pt): the split {moved}; "
-            f"{self.before.bound} -> {self.after.bound}{rate}"
-        )
-
-    def _table(self) -> tuple[list[str], list[list[str]], str]:
-        header = ["phase", "share before", "share after", "change", "moved"]
-        b, a = self.before.timer_shares, self.after.timer_shares
-        body = [
-            [name, f"{b.get(name, 0.0):.0%}", f"{a.get(name, 0.0):.0%}", f"{100 * c:+.1f} pt",
-             "yes" if self.moved[name] else "no"]
-            for name, c in self.changes.items()
-        ]  # fmt: skip
-        caption = (
-            f"{self.change}: {self.before.label} -> {self.after.label}; per step "
-            f"{format_seconds(self.before.step_s)} -> {format_seconds(self.after.step_s)}; "
-            f"a move is a change over {100 * self.threshold:.1f} pt"
-        )
-        return header, body, caption
-
-    def _repr_markdown_(self) -> str:
-        return markdown_table(*self._table())
-
-    def _repr_html_(self) -> str:
-        return html_table(*self._table())
-
-    def __repr__(self) -> str:
-        return f"PhaseShift({self.change!r}: {self.verdict})"
-
-
-def phase_shift(
-    before: PhaseSplit, after: PhaseSplit, *, change: str, tolerance: float = 0.05, focus: str | None = None
-) -> PhaseShift:
-    """Compare two splits of one loop, before and after ``change``.
-
-    Args:
-        before, after: ``PhaseSplit`` results (their phases may differ; a missing phase has share 0).
-        change: what changed, for the caption (e.g. ``"2 workers, prefetch 4"``).
-        tolerance: the share change (a fraction; 0.05 = 5 percentage points) below which a phase
-            did not move; the splits' own disagreement raises it further.
-        focus: the phase the verdict reads (e.g. ``WAIT_PHASE`` for a loader fix); None: the one
-            whose share changed most.
-
-    Raises:
-        TypeError: ``before``/``after`` is not a ``PhaseSplit``, ``change`` not a non-empty string,
-            ``tolerance`` not a number, ``focus`` not a string.
-        ValueError: ``tolerance`` not in (0, 1); ``focus`` not a phase of either split.
-    """
-    for name, value in (("before", before), ("after", after)):
-        if not isinstance(value, PhaseSplit):
-            raise TypeError(f"{name} must be a PhaseSplit (from phase_split), got {type(value).__name__}")
-    if not isinstance(change, str) or not change:
-        raise TypeError(f"change must be a non-empty string naming the change, got {change!r}")
-    check_positive(tolerance, "tolerance", allow_none=False)
-    if tolerance >= 1:
-        raise ValueError(f"tolerance is a fraction of the step (0.05 = 5 points), got {tolerance!r}")
-    if focus is not None:
-        if not isinstance(focus, str):
-            raise TypeError(f"focus must be a phase's name, got {focus!r}")
-        if focus not in (*before.phases, *after.phases):
-            raise ValueError(
-                f"focus {focus!r} is not a phase of either split: {sorted({*before.phases, *after.phases})}"
-            )
-    return PhaseShift(change=change, before=before, after=after, tolerance=float(tolerance), focus=focus)
-
-
-def plot_phase_shares(splits: Sequence[PhaseSplit], *, title: str | None = None):
-    """Stacked horizontal bars: for each split, its phase shares by the timers and, below, by the profiler.
-
-    One colour per phase name across all splits, in the order the phases first appear.
-
-    Returns:
-        The ``matplotlib.figure.Figure`` (made without pyplot: Jupyter renders the returned figure).
-
-    Raises:
-        TypeError: ``splits`` is not a non-empty sequence of ``PhaseSplit``, or ``title`` not a string.
-    """
-    if isinstance(splits, PhaseSplit) or not isinstance(splits, Sequence) or not splits:
-        raise TypeError("splits must be a non-empty list of PhaseSplit results")
-    if not all(isinstance(s, PhaseSplit) for s in splits):
-        raise TypeError("every entry of splits must be a PhaseSplit (from phase_split)")
-    if title is not None and not isinstance(title, str):
-        raise TypeError(f"title must be a string, got {type(title).__name__}")
-    from matplotlib import colormaps
-    from matplotlib.figure import Figure
-
-    names = list(dict.fromkeys(name for s in splits for name in s.phases))
-    palette = colormaps["tab10"]
-    bars = [(f"{s.label} ({reading})", shares) for s in splits
-            for reading, shares in (("timers", s.timer_shares), ("profiler", s.profiler_shares))]  # fmt: skip
-    fig = Figure(figsize=(8, 0.9 + 0.32 * len(bars)), layout="constrained")
-    ax = fig.add_subplot()
-    for k, name in enumerate(names):
-        widths = [100 * shares.get(name, 0.0) for _, shares in bars]
-        lefts = [100 * sum(shares.get(n, 0.0) for n in names[:k]) for _, shares in bars]
-        ax.barh(range(len(bars)), widths, left=lefts, color=palette(k % palette.N), label=name)
-    ax.set_yticks(range(len(bars)), [label for label, _ in bars], fontsize=8)
-    ax.set_ylim(len(bars) - 0.5, -0.5)  # the first split on top
-    ax.set_xlim(0, 100)
-    ax.set_xlabel("share of the step's phases (%)")
-    ax.set_title(title or "where each step's time goes, by the timers and by the profiler")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    return fig

@@ -4,7 +4,8 @@
 this package was imported from (a clone, or an editable install); else the copies shipped inside an
 installed package (``tricks_lib/notebooks/`` in the wheel), which a run only reads.
 ``hygiene_problems``: the reasons an executed notebook's outputs may not be stored (error outputs,
-outputs without an execution count, local paths).
+outputs without an execution count, local paths); ``write_notebook`` stores one (atomically, with the
+standard kernelspec); ``cell_label`` names a cell as a reader counts it.
 """
 
 from __future__ import annotations
@@ -17,17 +18,25 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tricks_lib._atomic import write_bytes_atomic
 from tricks_lib.report.run_times import LEDGER_NAME
 
 __all__ = [
+    "STANDARD_KERNELSPEC",
     "NotebookSource",
+    "cell_label",
     "find_notebooks",
     "hygiene_problems",
     "last_run_seconds",
     "local_path_pattern",
     "locate_notebooks",
     "shipped_notebook_dir",
+    "write_notebook",
 ]
+
+# The kernelspec JupyterLab writes for this kernel: a stored notebook with another display name shows
+# as "modified" the moment a reader opens it.
+STANDARD_KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
 
 
 @dataclass(frozen=True)
@@ -169,3 +178,27 @@ def hygiene_problems(nb) -> list[str]:
                     problems.append(f"cell {index}: a local path in an output ({match.group(0)}...)")
                     break
     return problems
+
+
+def write_notebook(nb, path: Path) -> None:
+    """Write a notebook atomically: a full disk or a kill mid-write never leaves a truncated notebook.
+
+    The kernelspec is the standard one, so JupyterLab does not mark the notebook modified on open.
+    """
+    nb.metadata["kernelspec"] = dict(STANDARD_KERNELSPEC)
+    import nbformat  # the run extra's: only the main command writes notebooks
+
+    text = nbformat.writes(nb)
+    if not text.endswith("\n"):
+        text += "\n"  # as nbformat.write does
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def cell_label(nb, index: int | None) -> str | None:
+    """'cell 5 of 24 (code cell 3: `first line`)' for a 0-based cell index, as a reader counts."""
+    if index is None:
+        return None
+    cell = nb.cells[index]
+    code_number = sum(c.cell_type == "code" for c in nb.cells[: index + 1])
+    first = next((ln.strip() for ln in cell.source.splitlines() if ln.strip()), "")
+    return f"cell {index + 1} of {len(nb.cells)} (code cell {code_number}: `{first[:60]}`)"

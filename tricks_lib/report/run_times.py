@@ -1,21 +1,43 @@
-"""How long each notebook took, as the main command last recorded it, and the line that says so.
+"""What the main command recorded before: each notebook's run time, and the earlier run's summary.
 
 Every run of ``python -m tricks_lib run`` records each notebook's run time per mode in
 ``run_times.json`` beside the notebooks (with the machine it ran on); ``--refresh`` writes the
 recorded times into the notebook's title cell, so a reader knows what running it will cost before
-pressing Run All, from a measurement rather than a guess.
+pressing Run All, from a measurement rather than a guess; the next run's progress bar (``CellProgress``)
+advances by them.
+
+``earlier_results`` reads the summary an output folder already holds and decides whether a run of
+some notebooks (``--only``) may merge into it: the same mode, the same machine, a current row format.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tricks_lib._atomic import write_bytes_atomic
+from tricks_lib.env import describe
 from tricks_lib.formatting import format_seconds
 
-__all__ = ["LEDGER_NAME", "MARKER", "record_run_time", "recorded_cell_seconds", "run_time_line", "stamp_run_time"]
+if TYPE_CHECKING:
+    from tricks_lib.env import EnvInfo
+
+__all__ = [
+    "LEDGER_NAME",
+    "MARKER",
+    "CellProgress",
+    "EarlierResults",
+    "earlier_results",
+    "record_run_time",
+    "recorded_cell_seconds",
+    "run_time_line",
+    "stamp_run_time",
+]
 
 LEDGER_NAME = "run_times.json"
 MARKER = "<!-- run time: written by the main command -->"
@@ -63,6 +85,47 @@ def recorded_cell_seconds(folder: str | Path, notebook: str, *, quick: bool, cel
     return [max(float(s), 0.0) for s in seconds]
 
 
+class CellProgress:
+    """One notebook's progress bar, and the seconds each of its code cells took this time (``seconds``).
+
+    The bar advances by each cell's last recorded time, so that its estimate means something (one cell
+    of 01 takes minutes, most take milliseconds); by cells where none is recorded.
+    """
+
+    def __init__(self, weights: list[float] | None, cells: int, name: str, enabled: bool) -> None:
+        from tqdm.auto import tqdm
+
+        self.seconds: list[float] = []
+        self._weights = weights
+        if weights and sum(weights) >= 1.0:  # under a second in all: counting cells reads as well
+            total = sum(weights)  # not rounded: a total below the sum of its updates warns "clamping frac"
+            self._bar = tqdm(total=total, desc=name, unit="s", disable=not enabled, leave=True, bar_format=_TIMED_BAR)
+        else:
+            self._bar = tqdm(total=cells, desc=name, unit="cell", disable=not enabled, leave=True)
+
+    @classmethod
+    def for_notebook(
+        cls, folders: Sequence[str | Path], notebook: str, *, quick: bool, cells: int, enabled: bool
+    ) -> CellProgress:
+        """The bar of ``notebook``, weighted by the first of ``folders`` whose ledger has its ``cells`` cells."""
+        weights = next(
+            (w for f in folders if (w := recorded_cell_seconds(f, notebook, quick=quick, cells=cells)) is not None),
+            None,
+        )
+        return cls(weights, cells, notebook, enabled)
+
+    def cell_done(self, seconds: float) -> None:
+        self._bar.update(self._weights[len(self.seconds)] if self._weights else 1)
+        self.seconds.append(seconds)
+
+    def close(self) -> None:
+        self._bar.close()
+
+
+# Seconds of the last recorded run done / in all, and the time left estimated from them.
+_TIMED_BAR = "{l_bar}{bar}| {n:.0f}/{total:.0f} s of the last run [{elapsed}<{remaining}]"
+
+
 def run_time_line(folder: str | Path, notebook: str) -> str | None:
     """The title cell's run-time sentence for ``notebook``, or None when nothing was recorded."""
     entry = _read(Path(folder)).get(notebook, {})
@@ -86,3 +149,61 @@ def stamp_run_time(nb, line: str | None) -> None:
     if MARKER in source:
         source = source[: source.index(MARKER)].rstrip("\n")
     nb.cells[0].source = source if line is None else f"{source}\n\n{line}"
+
+
+@dataclass(frozen=True)
+class EarlierResults:
+    """The run whose summary an output folder already holds, and whether a new run may merge into it."""
+
+    statuses: tuple[dict, ...]
+    compatible: bool
+    reason: str  # why it cannot be merged ("" when it can)
+
+
+# EnvInfo fields that describe the run rather than the machine: the mode is compared on its own.
+_RUN_FIELDS = frozenset({"quick_mode"})
+
+
+def _machine_fields(machine: Mapping) -> dict:
+    """The fields that name a machine, as summary.json stores them (a tuple reads back as a list)."""
+    return {k: v for k, v in json.loads(json.dumps(dict(machine), default=str)).items() if k not in _RUN_FIELDS}
+
+
+def _machine_differences(earlier: Mapping, here: Mapping) -> list[str]:
+    """The machine fields whose values differ; a field the earlier summary lacks (an older EnvInfo) is not one."""
+    then, now = _machine_fields(earlier), _machine_fields(here)
+    return [k for k in now if k in then and then[k] != now[k]]
+
+
+def earlier_results(out_dir: Path, *, quick: bool, here: EnvInfo | None = None) -> EarlierResults | None:
+    """Read ``out_dir/summary.json`` of an earlier run, or None when there is none (or it is unreadable).
+
+    A run of some notebooks merges into the earlier run's summary (the other notebooks' rows are kept,
+    each stamped with when it ran) only when both ran in the same mode on the same machine (every field
+    of ``summary.json``'s "machine" but the mode, compared as values) and its rows carry an outcome;
+    otherwise the new run replaces it, and says so. ``here``: this machine (default: ``describe()``).
+    """
+    path = Path(out_dir) / "summary.json"
+    try:
+        earlier = json.loads(path.read_text(encoding="utf-8"))
+        statuses, mode, summary = earlier["notebooks"], earlier["mode"], earlier["machine_summary"]
+        machine = dict(earlier["machine"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    here = dataclasses.replace(here or describe(), quick_mode=quick)
+    wanted = "quick" if quick else "full"
+    if mode != wanted:
+        return EarlierResults(tuple(statuses), False, f"was a {mode}-mode run, this one is {wanted} mode")
+    differences = _machine_differences(machine, here.to_dict())
+    if differences:
+        # The one-line summaries name the machines; when they read the same, name what differs.
+        now = _machine_fields(here.to_dict())
+        detail = (
+            ""
+            if summary != here.summary()
+            else "; " + ", ".join(f"{k} {_machine_fields(machine)[k]} then, {now[k]} now" for k in differences[:3])
+        )
+        return EarlierResults(tuple(statuses), False, f"ran on another machine ({summary}{detail})")
+    if any("outcome" not in row for row in earlier.get("measurements", ())):
+        return EarlierResults(tuple(statuses), False, "was written by an older tricks_lib (its rows carry no outcome)")
+    return EarlierResults(tuple(statuses), True, "")

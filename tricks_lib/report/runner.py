@@ -4,16 +4,14 @@
 writes the executed notebooks and a summary (Markdown, JSON and HTML) into an output folder, and fails
 naming the notebook and cell that broke. ``--refresh`` also stores the outputs back into
 ``notebooks/`` (after checking them for errors and local paths), which is the only way the stored
-outputs are meant to change.
-
-Which notebooks (``locate_notebooks``): ``--notebooks DIR`` when given; else the ``notebooks/`` folder
-of the checkout this package was imported from (a clone, or an editable install); else the copies
-shipped inside an installed package (``tricks_lib/notebooks/`` in the wheel). The shipped copies are
-only read: their kernels start in the output folder and their run times are recorded there.
+outputs are meant to change. ``plan_run`` decides everything a run does from its arguments (and what
+it reads: the earlier summary, this machine), writing nothing; ``run_plan`` carries the plan out.
+Which notebooks: ``notebook_source.locate_notebooks``; the installed package's copies are only read.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import os
@@ -21,32 +19,40 @@ import re
 import shutil
 import signal
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 
 import nbformat
 from jupyter_client.kernelspec import KernelSpecManager
 
-from tricks_lib._atomic import write_bytes_atomic
 from tricks_lib.env import QUICK_ENV_VAR, describe
 from tricks_lib.progress import PROGRESS_ENV_VAR
 from tricks_lib.report.notebook_source import (
+    NotebookSource,
+    cell_label,
     hygiene_problems,
     is_shipped,
     shipped_notebook_dir,
 )
+from tricks_lib.report.notebook_source import write_notebook as _write_notebook
 from tricks_lib.report.results import NOTEBOOK_ENV_VAR, RESULTS_ENV_VAR, load_records
-from tricks_lib.report.run_times import record_run_time, recorded_cell_seconds, run_time_line, stamp_run_time
+from tricks_lib.report.run_times import (
+    CellProgress,
+    EarlierResults,
+    earlier_results,
+    record_run_time,
+    run_time_line,
+    stamp_run_time,
+)
 from tricks_lib.report.summary import NotebookStatus, write_summary_files
 
-__all__ = ["EarlierResults", "NotebookRun", "earlier_results", "run_notebooks", "write_summary"]
+__all__ = ["NotebookRun", "RunPlan", "plan_run", "run_notebooks", "run_plan", "write_summary"]
 
 CURRENT_ENV_KERNEL = "python3"
-# The kernelspec JupyterLab writes for this kernel: a stored notebook with another display name shows
-# as "modified" the moment a reader opens it.
-STANDARD_KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
 CUBLAS_ENV_VAR = "CUBLAS_WORKSPACE_CONFIG"
 CUBLAS_DETERMINISTIC_CONFIG = ":4096:8"
 
@@ -86,44 +92,126 @@ class NotebookRun:
 
 
 @dataclass(frozen=True)
-class EarlierResults:
-    """The run whose summary an output folder already holds, and whether a new run may merge into it."""
+class RunPlan:
+    """Everything a run does, decided before it starts (``plan_run``); ``run_plan`` carries it out."""
 
-    statuses: tuple[dict, ...]
-    compatible: bool
-    reason: str  # why it cannot be merged ("" when it can)
+    source: NotebookSource  # where the notebooks come from
+    notebooks: tuple[Path, ...]  # the notebooks to run, in order
+    out_dir: Path  # the executed notebooks, records.jsonl and the summary go here
+    records: Path  # out_dir/records.jsonl, resolved: the kernels append their records to it
+    quick: bool
+    refresh: bool  # store clean outputs back into the notebooks
+    timeout: int  # seconds one cell may run
+    progress: bool  # one bar per notebook
+    shipped: bool  # the installed package's copies: only read (kernels and run times in out_dir)
+    earlier: EarlierResults | None  # the summary out_dir already holds
+    merge: bool  # keep the earlier run's other notebooks (else this run's summary replaces it)
+    machine: str  # this machine as the run-time ledger names it
+    kernel_env: Mapping[str, str]  # set in every kernel's environment (on top of this process's)
+
+    @property
+    def mode(self) -> str:
+        return "quick" if self.quick else "full"
+
+    @property
+    def replace_reason(self) -> str | None:
+        """Why this run replaces the earlier summary instead of merging into it (None: nothing to replace)."""
+        return self.earlier.reason if self.earlier is not None and not self.earlier.compatible else None
+
+    @property
+    def executed_dir(self) -> Path:
+        return self.out_dir / "notebooks"
+
+    @property
+    def kernel_dir(self) -> Path:
+        """Where the kernels start: beside the notebooks, or for the shipped copies in the output folder."""
+        return self.executed_dir if self.shipped else self.source.folder
+
+    @property
+    def ledger_dir(self) -> Path:
+        """Where run times are recorded: beside the notebooks, never inside an installed package."""
+        return self.out_dir if self.shipped else self.source.folder
+
+    def kernel_env_for(self, notebook: str) -> dict[str, str]:
+        """The variables set in ``notebook``'s kernel: the run's, and the notebook's name for its records."""
+        return {**self.kernel_env, NOTEBOOK_ENV_VAR: notebook}
 
 
-def earlier_results(out_dir: Path, *, quick: bool) -> EarlierResults | None:
-    """Read ``out_dir/summary.json`` of an earlier run, or None when there is none (or it is unreadable).
+def _kernel_env(quick: bool, records: Path, environ: Mapping[str, str]) -> dict[str, str]:
+    return {
+        QUICK_ENV_VAR: "1" if quick else "0",
+        # cuBLAS reads this once, at the first cuBLAS call of a process: it must be in the kernel's
+        # environment from the start for 07's deterministic mode to work on CUDA. It only fixes the
+        # workspace size (a few MiB), so setting it for every notebook costs nothing measurable.
+        CUBLAS_ENV_VAR: environ.get(CUBLAS_ENV_VAR, CUBLAS_DETERMINISTIC_CONFIG),
+        # Headless: the cells' own progress bars would only land as text in the stored outputs; the
+        # runner shows one bar per notebook instead.
+        PROGRESS_ENV_VAR: "0",
+        RESULTS_ENV_VAR: str(records),
+    }
 
-    A run of some notebooks merges into the earlier run's summary (the other notebooks' rows are kept,
-    each stamped with when it ran) only when both ran in the same mode on the same machine; otherwise
-    the new run replaces it, and says so.
+
+def _source_of(paths: Sequence[Path]) -> NotebookSource:
+    folders = {Path(p).parent for p in paths}
+    if len(folders) > 1:
+        raise ValueError(f"run the notebooks of one folder at a time, not of {sorted(map(str, folders))}")
+    folder = folders.pop() if folders else Path(".")
+    return NotebookSource(folder, "installed package" if is_shipped(folder) else "--notebooks")
+
+
+def plan_run(
+    paths: Sequence[Path],
+    out_dir: Path,
+    *,
+    quick: bool,
+    refresh: bool = False,
+    timeout: int = 1800,
+    progress: bool = True,
+    source: NotebookSource | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> RunPlan:
+    """Decide everything a run of ``paths`` into ``out_dir`` does; reads files and this machine, writes nothing.
+
+    ``source``: where ``paths`` were found (default: their folder); ``environ``: the environment the
+    kernels inherit (default: ``os.environ``), read for the variables the run leaves as the caller set them.
+
+    Raises:
+        ValueError: ``refresh`` for the installed package's shipped notebooks (refresh a checkout), or
+            ``paths`` from several folders.
     """
-    path = Path(out_dir) / "summary.json"
-    try:
-        earlier = json.loads(path.read_text(encoding="utf-8"))
-        statuses, mode, machine = earlier["notebooks"], earlier["mode"], earlier["machine_summary"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    here = dataclasses.replace(describe(), quick_mode=quick).summary()
-    wanted = "quick" if quick else "full"
-    if mode != wanted:
-        return EarlierResults(tuple(statuses), False, f"was a {mode}-mode run, this one is {wanted} mode")
-    if machine != here:
-        return EarlierResults(tuple(statuses), False, f"ran on another machine ({machine})")
-    if any("outcome" not in row for row in earlier.get("measurements", ())):
-        return EarlierResults(tuple(statuses), False, "was written by an older tricks_lib (its rows carry no outcome)")
-    return EarlierResults(tuple(statuses), True, "")
+    source = source or _source_of(paths)
+    shipped = is_shipped(source.folder)
+    if refresh and shipped:
+        raise ValueError(
+            "--refresh stores outputs back into a checkout's notebooks/, not into the installed package's "
+            f"copies ({shipped_notebook_dir()}); run it in a clone of the repository"
+        )
+    out_dir = Path(out_dir)
+    records = (out_dir / "records.jsonl").resolve()
+    here = describe()
+    earlier = earlier_results(out_dir, quick=quick, here=here)
+    return RunPlan(
+        source=source,
+        notebooks=tuple(Path(p) for p in paths),
+        out_dir=out_dir,
+        records=records,
+        quick=quick,
+        refresh=refresh,
+        timeout=timeout,
+        progress=progress,
+        shipped=shipped,
+        earlier=earlier,
+        merge=earlier is not None and earlier.compatible and records.exists(),
+        machine=here.summary().rsplit(" | ", 1)[0],  # without the mode, which the ledger keeps apart
+        kernel_env=MappingProxyType(_kernel_env(quick, records, os.environ if environ is None else environ)),
+    )
 
 
-def _carry_over(out_dir: Path, names: set[str], quick: bool) -> tuple[list[NotebookRun], list[str]]:
-    """The earlier runs and record lines of the notebooks this run does not execute (see earlier_results)."""
-    earlier = earlier_results(out_dir, quick=quick)
-    records_path = Path(out_dir) / "records.jsonl"
-    if earlier is None or not earlier.compatible or not records_path.exists():
+def _carry_over(plan: RunPlan) -> tuple[list[NotebookRun], list[str]]:
+    """The earlier runs and record lines of the notebooks this run does not execute (when it merges)."""
+    if not plan.merge:
         return [], []
+    names = {p.stem for p in plan.notebooks}
     runs = [
         NotebookRun(
             s["notebook"],
@@ -135,13 +223,13 @@ def _carry_over(out_dir: Path, names: set[str], quick: bool) -> tuple[list[Noteb
             finished_at=s.get("finished_at") or "an earlier run",
             carried_over=True,
         )
-        for s in earlier.statuses
+        for s in plan.earlier.statuses
         if s["notebook"] not in names
     ]
     kept = {r.name for r in runs}
     lines = [
         line
-        for line in records_path.read_text(encoding="utf-8").splitlines()
+        for line in plan.records.read_text(encoding="utf-8").splitlines()
         if line.strip() and json.loads(line).get("notebook") in kept
     ]
     return runs, lines
@@ -156,12 +244,13 @@ def _last_line(text: str) -> str:
 
 
 def _execute(
-    nb, folder: Path, timeout: int, on_cell: Callable[[float], None], on_interrupt: Callable[[], None]
+    nb, folder: Path, timeout: int, env: dict, on_cell: Callable[[float], None], on_interrupt: Callable[[], None]
 ) -> tuple[int | None, str | None]:
     """Run one notebook in place; returns (failed cell index or None, error text or None).
 
-    While it runs, nbclient owns SIGINT/SIGTERM (its handler shuts the kernel down, which then reads
-    as a dead kernel); ``on_interrupt`` is called when that handler fired.
+    The kernel starts in ``folder`` with this process's environment plus ``env`` (this process's own
+    environment is left as it is). While it runs, nbclient owns SIGINT/SIGTERM (its handler shuts the
+    kernel down, which then reads as a dead kernel); ``on_interrupt`` is called when that handler fired.
     """
     from jupyter_client.manager import AsyncKernelManager
     from jupyter_core.utils import run_sync
@@ -189,7 +278,7 @@ def _execute(
         on_cell_executed=lambda cell, cell_index, execute_reply: on_cell(time.perf_counter() - state["started"]),
     )
     try:
-        client.execute()
+        client.execute(env={**os.environ, **env})  # the kernel manager's start_kernel(env=...)
     except CellExecutionError as err:
         return state.get("running"), _last_line(str(err))
     except (CellTimeoutError, DeadKernelError) as err:
@@ -200,6 +289,7 @@ def _execute(
         # nbclient's signal handler leaves this future behind when Ctrl-C (or SIGTERM) stopped the run.
         if getattr(client, "_async_cleanup_kernel_future", None) is not None:
             on_interrupt()
+        run_sync(_reap)(client)
         # We own the kernel manager, so nbclient leaves the kernel running: stop it here.
         if km.has_kernel:
             run_sync(km.shutdown_kernel)(now=True)
@@ -207,26 +297,18 @@ def _execute(
     return None, None
 
 
-def _write_notebook(nb, path: Path) -> None:
-    """Write a notebook atomically: a full disk or a kill mid-write never leaves a truncated notebook.
+async def _reap(client) -> None:
+    """Cancel, and wait for, the tasks ``client`` left on this thread's event loop.
 
-    The kernelspec is the standard one, so JupyterLab does not mark the notebook modified on open.
+    After a kernel died (Ctrl-C shuts it down) nbclient leaves its kernel-alive poller pending: the next
+    notebook's run would wake it, it would fail, and its unread error would be logged whenever it is
+    garbage-collected (on Python 3.11, inside whatever ``ast.parse`` runs then: a SystemError).
     """
-    nb.metadata["kernelspec"] = dict(STANDARD_KERNELSPEC)
-    text = nbformat.writes(nb)
-    if not text.endswith("\n"):
-        text += "\n"  # as nbformat.write does
-    write_bytes_atomic(path, text.encode("utf-8"))
-
-
-def _cell_label(nb, index: int | None) -> str | None:
-    """'cell 5 of 24 (code cell 3: `first line`)' for a 0-based cell index, as a reader counts."""
-    if index is None:
-        return None
-    cell = nb.cells[index]
-    code_number = sum(c.cell_type == "code" for c in nb.cells[: index + 1])
-    first = next((ln.strip() for ln in cell.source.splitlines() if ln.strip()), "")
-    return f"cell {index + 1} of {len(nb.cells)} (code cell {code_number}: `{first[:60]}`)"
+    frames = {t: getattr(t.get_coro(), "cr_frame", None) for t in asyncio.all_tasks()}
+    left = [t for t, frame in frames.items() if frame is not None and frame.f_locals.get("self") is client]
+    for task in left:
+        task.cancel()
+    await asyncio.gather(*left, return_exceptions=True)
 
 
 def run_notebooks(
@@ -243,142 +325,121 @@ def run_notebooks(
     With ``refresh``, a notebook that ran cleanly and passes ``hygiene_problems`` is also written
     back in place. Records from ``tricks_lib.report.results.record`` land in ``out_dir/records.jsonl``.
     The installed package's shipped notebooks are only read: their kernels start in
-    ``out_dir/notebooks`` and their run times go to ``out_dir/run_times.json``.
+    ``out_dir/notebooks`` and their run times go to ``out_dir/run_times.json``. The same as
+    ``run_plan(plan_run(...))``.
 
     Raises:
         ValueError: ``refresh`` for the installed package's shipped notebooks (refresh a checkout).
     """
-    out_dir = Path(out_dir)
-    if refresh and any(is_shipped(p.parent) for p in paths):
-        raise ValueError(
-            "--refresh stores outputs back into a checkout's notebooks/, not into the installed package's "
-            f"copies ({shipped_notebook_dir()}); run it in a clone of the repository"
-        )
-    out_dir.mkdir(parents=True, exist_ok=True)
-    executed_dir = out_dir / "notebooks"
-    executed_dir.mkdir(exist_ok=True)
-    records_path = out_dir / "records.jsonl"
-    # A run of some notebooks keeps the earlier run's other notebooks (same mode, same machine).
-    carried_runs, carried_lines = _carry_over(out_dir, {p.stem for p in paths}, quick)
-    records_path.write_text("".join(line + "\n" for line in carried_lines), encoding="utf-8")
-    saved_env = {
-        k: os.environ.get(k)
-        for k in (QUICK_ENV_VAR, RESULTS_ENV_VAR, NOTEBOOK_ENV_VAR, CUBLAS_ENV_VAR, PROGRESS_ENV_VAR)
-    }
-    runs = []
-    interrupted = {"now": False}
-    machine = describe().summary().rsplit(" | ", 1)[0]  # without the mode, which the ledger keeps apart
+    return run_plan(plan_run(paths, out_dir, quick=quick, refresh=refresh, timeout=timeout, progress=progress))
 
-    def on_sigint(signum, frame):
-        # Ctrl-C reaches the kernels too (same process group); note it here so that the run stops
-        # after this notebook instead of going on with the next one.
-        interrupted["now"] = True
-        raise KeyboardInterrupt
 
-    main_thread = _in_main_thread()
-    previous_handler = signal.signal(signal.SIGINT, on_sigint) if main_thread else None
-    try:
-        os.environ[QUICK_ENV_VAR] = "1" if quick else "0"
-        # cuBLAS reads this once, at the first cuBLAS call of a process: it must be in the kernel's
-        # environment from the start for 07's deterministic mode to work on CUDA. It only fixes the
-        # workspace size (a few MiB), so setting it for every notebook costs nothing measurable.
-        os.environ.setdefault(CUBLAS_ENV_VAR, CUBLAS_DETERMINISTIC_CONFIG)
-        # Headless: the cells' own progress bars would only land as text in the stored outputs; the
-        # runner shows one bar per notebook instead.
-        os.environ[PROGRESS_ENV_VAR] = "0"
-        os.environ[RESULTS_ENV_VAR] = str(records_path.resolve())
-        for number, path in enumerate(paths):
-            if interrupted["now"]:
+def run_plan(plan: RunPlan) -> list[NotebookRun]:
+    """Carry out ``plan``: each notebook in a fresh kernel, in order; returns every notebook's run.
+
+    A run that merges (``plan.merge``) returns the earlier run's other notebooks too (``carried_over``),
+    sorted by name with this run's. Ctrl-C stops the run after the notebook it interrupted; the ones
+    after it are returned as not run (``interrupted``).
+    """
+    plan.executed_dir.mkdir(parents=True, exist_ok=True)
+    carried_runs, carried_lines = _carry_over(plan)
+    plan.records.write_text("".join(line + "\n" for line in carried_lines), encoding="utf-8")
+    runs: list[NotebookRun] = []
+    with _CtrlC() as ctrl_c:
+        for number, path in enumerate(plan.notebooks):
+            if ctrl_c.pressed:
                 runs += [
                     NotebookRun(p.stem, False, 0.0, None, "interrupted: not run", interrupted=True)
-                    for p in paths[number:]
+                    for p in plan.notebooks[number:]
                 ]
                 break
-            os.environ[NOTEBOOK_ENV_VAR] = path.stem
-            start = time.perf_counter()
-            try:
-                nb = nbformat.read(path, as_version=4)
-            except Exception as err:  # not a notebook (corrupt JSON, wrong schema): name it, go on
-                runs.append(NotebookRun(path.stem, False, 0.0, None, f"cannot be read: {_last_line(str(err))}"))
-                continue
-            n_code = sum(c.cell_type == "code" for c in nb.cells)
-            shipped = is_shipped(path.parent)
-            ledger_dir = out_dir if shipped else path.parent  # never write into an installed package
-            kernel_dir = executed_dir if shipped else path.parent
-            # The bar advances by each cell's last recorded time, so that its estimate means something
-            # (one cell of 01 takes minutes, most take milliseconds); by cells where none is recorded.
-            weights = recorded_cell_seconds(ledger_dir, path.stem, quick=quick, cells=n_code)
-            if weights is None and shipped:
-                weights = recorded_cell_seconds(path.parent, path.stem, quick=quick, cells=n_code)
-            cell_seconds: list[float] = []
-            bar = _progress(weights, n_code, path.stem, progress)
-
-            def on_cell(seconds: float, bar=bar, weights=weights, cell_seconds=cell_seconds) -> None:
-                bar.update(weights[len(cell_seconds)] if weights else 1)
-                cell_seconds.append(seconds)
-
-            try:
-                failed_cell, error = _execute(nb, kernel_dir, timeout, on_cell, lambda: interrupted.update(now=True))
-            except KeyboardInterrupt:
-                interrupted["now"], failed_cell, error = True, None, None
-            finally:
-                if main_thread:  # nbclient restores the default handler when it is done
-                    signal.signal(signal.SIGINT, on_sigint)
-            bar.close()
-            if interrupted["now"]:
-                error = "interrupted (Ctrl-C)"
-            run = NotebookRun(
-                path.stem,
-                error is None,
-                time.perf_counter() - start,
-                failed_cell,
-                error,
-                failed_cell_label=_cell_label(nb, failed_cell),
-                interrupted=interrupted["now"],
-            )
-            if run.ok:
-                # The ledger beside the notebooks: what the title cell's run-time line reads on --refresh.
-                record_run_time(
-                    ledger_dir, path.stem, quick=quick, seconds=run.seconds, machine=machine, cells=cell_seconds
-                )
-            _write_notebook(nb, executed_dir / path.name)
-            if run.ok and refresh:
-                run.problems = hygiene_problems(nb)
-                if run.problems:
-                    run.ok = False
-                    run.error = "outputs not stored: " + "; ".join(run.problems[:5])
-                else:
-                    stamp_run_time(nb, run_time_line(path.parent, path.stem))
-                    _write_notebook(nb, path)
-            runs.append(run)
-    finally:
-        if previous_handler is not None:
-            signal.signal(signal.SIGINT, previous_handler)
-        for key, value in saved_env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+            runs.append(_run_one(plan, path, ctrl_c))
     return sorted(carried_runs + runs, key=lambda r: r.name) if carried_runs else runs
 
 
-def _progress(weights: list[float] | None, cells: int, name: str, enabled: bool):
-    from tqdm.auto import tqdm
+class _CtrlC:
+    """While a run lasts, Ctrl-C (which reaches the kernels too: same process group) marks it stopped.
 
-    if weights and sum(weights) >= 1.0:  # under a second in all: counting cells reads as well
-        total = sum(weights)  # not rounded: a total below the sum of its updates warns "clamping frac"
-        return tqdm(total=total, desc=name, unit="s", disable=not enabled, leave=True, bar_format=_TIMED_BAR)
-    return tqdm(total=cells, desc=name, unit="cell", disable=not enabled, leave=True)
+    ``pressed``: it came, through our handler (which raises KeyboardInterrupt) or nbclient's (``press``).
+    """
+
+    def __init__(self) -> None:
+        self.pressed = False
+        self._main_thread = threading.current_thread() is threading.main_thread()  # where handlers are set
+        self._previous = None
+
+    def press(self) -> None:
+        self.pressed = True
+
+    def _on_sigint(self, signum, frame):
+        self.pressed = True
+        raise KeyboardInterrupt
+
+    def rearm(self) -> None:
+        """Take SIGINT back: nbclient restores the default handler when it is done."""
+        if self._main_thread:
+            signal.signal(signal.SIGINT, self._on_sigint)
+
+    def __enter__(self) -> _CtrlC:
+        if self._main_thread:
+            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
 
 
-# Seconds of the last recorded run done / in all, and the time left estimated from them.
-_TIMED_BAR = "{l_bar}{bar}| {n:.0f}/{total:.0f} s of the last run [{elapsed}<{remaining}]"
+def _run_one(plan: RunPlan, path: Path, ctrl_c: _CtrlC) -> NotebookRun:
+    """Run one notebook of ``plan`` in a fresh kernel, with its progress bar; store what it produced."""
+    start = time.perf_counter()
+    try:
+        nb = nbformat.read(path, as_version=4)
+    except Exception as err:  # not a notebook (corrupt JSON, wrong schema): name it, go on
+        return NotebookRun(path.stem, False, 0.0, None, f"cannot be read: {_last_line(str(err))}")
+    n_code = sum(c.cell_type == "code" for c in nb.cells)
+    # A shipped notebook's runs are recorded in the output folder; the ledger shipped beside it is a fallback.
+    ledgers = (plan.ledger_dir, path.parent) if plan.shipped else (plan.ledger_dir,)
+    bar = CellProgress.for_notebook(ledgers, path.stem, quick=plan.quick, cells=n_code, enabled=plan.progress)
+    env = plan.kernel_env_for(path.stem)
+    try:
+        failed_cell, error = _execute(nb, plan.kernel_dir, plan.timeout, env, bar.cell_done, ctrl_c.press)
+    except KeyboardInterrupt:
+        ctrl_c.pressed, failed_cell, error = True, None, None
+    finally:
+        ctrl_c.rearm()
+    bar.close()
+    if ctrl_c.pressed:
+        error = "interrupted (Ctrl-C)"
+    run = NotebookRun(
+        path.stem,
+        error is None,
+        time.perf_counter() - start,
+        failed_cell,
+        error,
+        failed_cell_label=cell_label(nb, failed_cell),
+        interrupted=ctrl_c.pressed,
+    )
+    _store(plan, path, nb, run, bar.seconds)
+    return run
 
 
-def _in_main_thread() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
+def _store(plan: RunPlan, path: Path, nb, run: NotebookRun, cell_seconds: list[float]) -> None:
+    """Record a clean run's time, write the executed copy, and with ``refresh`` the notebook itself."""
+    if run.ok:
+        # The ledger beside the notebooks: what the title cell's run-time line reads on --refresh.
+        record_run_time(
+            plan.ledger_dir, path.stem, quick=plan.quick, seconds=run.seconds, machine=plan.machine, cells=cell_seconds
+        )
+    _write_notebook(nb, plan.executed_dir / path.name)
+    if run.ok and plan.refresh:
+        run.problems = hygiene_problems(nb)
+        if run.problems:
+            run.ok = False
+            run.error = "outputs not stored: " + "; ".join(run.problems[:5])
+        else:
+            stamp_run_time(nb, run_time_line(path.parent, path.stem))
+            _write_notebook(nb, path)
 
 
 def write_summary(out_dir: Path, runs: Sequence[NotebookRun], *, quick: bool) -> tuple[Path, Path]:

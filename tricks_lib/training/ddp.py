@@ -1,25 +1,15 @@
-"""DistributedDataParallel training: a torchrun entry point and a launcher usable from a notebook.
+"""DistributedDataParallel training from a notebook: ``launch_ddp`` runs torchrun and returns a ``DDPResult``.
 
-Under torchrun each process runs ``main()``: it joins the process group (``gloo`` on CPU, ``nccl``
-on GPUs), builds a ``SmallCNN`` from a *different* seed per rank (so identical final parameters
-prove that DDP's initial broadcast and gradient all-reduce work), trains it on its own synthetic data
-shard with ``TrainStep`` (gradient accumulation runs the first micro-batches in ``no_sync()``, or,
-with ``--sync-every-micro-batch``, all-reduces after every one: the baseline ``no_sync`` is measured
-against), then gathers every rank's parameters on rank 0. A DDP communication hook counts the gradient
-all-reduces, so the result shows that ``no_sync()`` skipped them on all but the last micro-batch.
-Step times are taken like ``tricks_lib.measure`` does: untimed warm-up steps, a device sync
-around every step, and median and IQR of the per-step times. Rank 0 writes a JSON file; nothing is
-parsed from prints.
-
-    python -m torch.distributed.run --nproc-per-node 2 -m tricks_lib.training.ddp --out result.json
-
-``launch_ddp(...)`` runs exactly that through the caller's interpreter (``sys.executable``) on a free
-localhost port, with a timeout, and returns a ``DDPResult``.
+``launch_ddp(...)`` runs ``python -m torch.distributed.run --nproc-per-node N -m
+tricks_lib.training.ddp_worker --out result.json`` (the per-rank worker, module ``ddp_worker``: a
+``SmallCNN`` trained with DDP from a different seed per rank, its gradient all-reduces counted)
+through the caller's interpreter (``sys.executable``) on a free localhost port, with a timeout, and
+returns the ``DDPResult`` rank 0 wrote: step times (median and IQR, like ``tricks_lib.measure``),
+throughput, all-reduce counts, and whether every rank ended with identical parameters.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -41,9 +31,10 @@ from tricks_lib.measurements import Measurement
 from tricks_lib.outcome import SummaryRow
 from tricks_lib.progress import optional_progress_bar
 
-__all__ = ["DDPResult", "main", "launch_ddp", "free_port"]
+__all__ = ["DDPResult", "launch_ddp", "free_port"]
 
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds tricks_lib/
+_WORKER_MODULE = "tricks_lib.training.ddp_worker"  # what each torchrun process runs (``-m``): its ``main()``
 
 
 @dataclass(frozen=True)
@@ -193,129 +184,68 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m tricks_lib.training.ddp", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", required=True, help="JSON file rank 0 writes the result to")
-    p.add_argument("--backend", default=None, help="gloo or nccl (default: nccl with CUDA, else gloo)")
-    p.add_argument("--steps", type=int, default=20, help="timed optimizer steps")
-    p.add_argument("--warmup-steps", type=int, default=2, help="untimed steps first")
-    p.add_argument("--batch-size", type=int, default=32, help="samples per rank per optimizer step")
-    p.add_argument("--accumulation-steps", type=int, default=1, help="micro-batches per optimizer step")
-    p.add_argument(
-        "--sync-every-micro-batch", action="store_true",
-        help="all-reduce after every micro-batch (no no_sync()): the baseline for no_sync",
-    )  # fmt: skip
-    p.add_argument("--width", type=int, default=16, help="SmallCNN width")
-    p.add_argument("--image-size", type=int, default=32, help="height and width of the synthetic images")
-    p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
-    p.add_argument("--seed", type=int, default=0, help="base seed; rank r uses seed + r")
-    p.add_argument("--progress-file", default=None, help="rank 0 writes the steps done so far here")
-    return p.parse_args(argv)
+def _check_launch_arguments(
+    *,
+    nproc: int,
+    steps: int,
+    warmup_steps: int,
+    batch_size: int,
+    accumulation_steps: int,
+    width: int,
+    image_size: int,
+    no_sync: bool,
+    progress: bool,
+) -> None:
+    for name, value, low in [
+        ("nproc", nproc, 1),
+        ("steps", steps, 1),
+        ("warmup_steps", warmup_steps, 0),
+        ("batch_size", batch_size, 1),
+        ("accumulation_steps", accumulation_steps, 1),
+        ("width", width, 1),
+        ("image_size", image_size, 8),
+    ]:
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    check_flag(no_sync, "no_sync")
+    check_flag(progress, "progress")
+    if batch_size < accumulation_steps:
+        raise ValueError(f"batch_size ({batch_size}) must be >= accumulation_steps ({accumulation_steps})")
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Entry point for one torchrun process (reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_* from the env)."""
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
+def _pick_backend(backend: str | None, nproc: int) -> str:
+    """``backend``, or nccl when CUDA has at least ``nproc`` GPUs, else gloo; refused when unknown or short of GPUs."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if backend is None:
+        backend = "nccl" if gpus >= nproc and torch.distributed.is_nccl_available() else "gloo"
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+    if backend == "nccl" and gpus < nproc:
+        raise ValueError(f"nccl with {nproc} processes needs {nproc} GPUs, found {gpus}; use backend='gloo'")
+    return backend
 
-    from tricks_lib.training.models import SmallCNN
-    from tricks_lib.training.steps import make_train_step
 
-    args = _parse_args(argv)
-    backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
-    dist.init_process_group(backend)
-    try:
-        rank, world = dist.get_rank(), dist.get_world_size()
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        if backend == "nccl":
-            torch.cuda.set_device(local_rank)
-            device = torch.device("cuda", local_rank)
-        else:
-            device = torch.device("cpu")
+def _worker_environment(backend: str, nproc: int, threads_per_process: int | None) -> dict[str, str]:
+    """This process's environment for torchrun: the package importable, the threads per rank set, no GPU for gloo."""
+    if threads_per_process is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        threads_per_process = max(1, cores // nproc)
+    env = os.environ.copy()
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_PACKAGE_ROOT), env.get("PYTHONPATH", "")]))
+    env["OMP_NUM_THREADS"] = str(threads_per_process)
+    if backend == "gloo":
+        env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU run must not touch (or initialize) a GPU
+    return env
 
-        # Different initial weights per rank: DDP must broadcast rank 0's at construction.
-        torch.manual_seed(args.seed + rank)
-        model = SmallCNN(10, width=args.width).to(device)
-        ddp_model = DistributedDataParallel(model, device_ids=[local_rank] if device.type == "cuda" else None)
-        optimizer = torch.optim.SGD(ddp_model.parameters(), lr=args.lr, momentum=0.9)
-        # Count the all-reduces: DDP calls the hook once per gradient bucket on every backward that syncs.
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-        bucket_ids: list[int] = []
-
-        def counting_allreduce(state, bucket):
-            bucket_ids.append(bucket.index())
-            return allreduce_hook(state, bucket)
-
-        ddp_model.register_comm_hook(None, counting_allreduce)  # state None = the default process group
-        step = make_train_step(
-            ddp_model, optimizer, device=device, accumulation_steps=args.accumulation_steps,
-            no_sync=not args.sync_every_micro_batch,
-        )  # fmt: skip
-
-        # Each rank its own data shard (different seed), as a DistributedSampler would give it.
-        gen = torch.Generator().manual_seed(10_000 + args.seed + rank)
-        n_batches = 4
-        shape = (n_batches, args.batch_size, 3, args.image_size, args.image_size)
-        images = torch.randn(shape, generator=gen).to(device)
-        labels = torch.randint(0, 10, (n_batches, args.batch_size), generator=gen).to(device)
-
-        def sync() -> None:
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-
-        def report(done: int) -> None:  # outside the timed region: the launcher's progress bar reads it
-            if rank == 0 and args.progress_file:
-                Path(args.progress_file).write_text(str(done))
-
-        for i in range(args.warmup_steps):
-            step(images[i % n_batches], labels[i % n_batches])
-            report(i + 1)
-        sync()
-        bucket_ids.clear()  # count the timed steps only
-        times, loss = [], torch.zeros((), device=device)
-        for i in range(args.steps):
-            dist.barrier()  # every rank starts the step together: one step's time, not a drift
-            t0 = time.perf_counter()
-            loss = step(images[i % n_batches], labels[i % n_batches])
-            sync()  # a CUDA step is done when the device is done
-            times.append(time.perf_counter() - t0)
-            report(args.warmup_steps + i + 1)
-        allreduce_calls = len(bucket_ids)
-        buckets = len(set(bucket_ids))  # DDP may rebuild its buckets after the first step: count them here
-
-        dist.all_reduce(loss)  # sum over ranks
-        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])  # (num_parameters,)
-        gathered = [torch.empty_like(flat) for _ in range(world)]
-        dist.all_gather(gathered, flat)
-        if rank == 0:
-            max_diff = max(float((g - flat).abs().max()) for g in gathered)
-            result = DDPResult(
-                world_size=world,
-                backend=backend,
-                device=device.type,
-                batch_size=args.batch_size,
-                accumulation_steps=args.accumulation_steps,
-                steps=args.steps,
-                step_times=tuple(times),
-                samples_per_second=world * args.batch_size / max(float(np.median(times)), 1e-12),
-                final_loss=float(loss) / world,
-                num_parameters=flat.numel(),
-                params_identical=all(torch.equal(g, flat) for g in gathered),
-                max_param_difference=max_diff,
-                threads_per_process=torch.get_num_threads(),
-                allreduce_calls=allreduce_calls,
-                buckets=buckets,
-                backward_passes=args.steps * args.accumulation_steps,
-                warmup_steps=args.warmup_steps,
-                no_sync=not args.sync_every_micro_batch,
-            )
-            tmp = Path(args.out).with_suffix(".tmp")
-            tmp.write_text(json.dumps(asdict(result)))
-            os.replace(tmp, args.out)  # atomic: a reader never sees half a file
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+def _torchrun_command(nproc: int, worker_arguments: list[str]) -> list[str]:
+    """``sys.executable -m torch.distributed.run`` with ``nproc`` local ranks on a free port, each running the worker."""
+    return [
+        sys.executable, "-m", "torch.distributed.run",
+        f"--nproc-per-node={nproc}", "--nnodes=1",
+        "--master-addr=127.0.0.1", f"--master-port={free_port()}",
+        "-m", _WORKER_MODULE, *worker_arguments,
+    ]  # fmt: skip
 
 
 def launch_ddp(
@@ -334,12 +264,12 @@ def launch_ddp(
     timeout: float = 180.0,
     progress: bool = False,
 ) -> DDPResult:
-    """Run ``main`` in ``nproc`` processes with torchrun (``sys.executable -m torch.distributed.run``).
+    """Run ``ddp_worker.main`` in ``nproc`` processes with torchrun (``sys.executable -m torch.distributed.run``).
 
     Args:
         nproc: processes (ranks). With NCCL, at most the number of visible GPUs.
         backend: "gloo" or "nccl"; default nccl when CUDA has at least ``nproc`` GPUs, else gloo.
-        steps, warmup_steps, batch_size, accumulation_steps, width, image_size, seed: passed to ``main``.
+        steps, warmup_steps, batch_size, accumulation_steps, width, image_size, seed: passed to ``ddp_worker.main``.
         no_sync: accumulate with ``no_sync()`` (True, one all-reduce per optimizer step) or
             all-reduce after every micro-batch (False: the baseline that isolates what it saves).
         threads_per_process: OMP_NUM_THREADS of each process; default the CPU cores available to
@@ -356,48 +286,20 @@ def launch_ddp(
         TimeoutError: if the run exceeds ``timeout``.
         RuntimeError: if torchrun fails; the message ends with the tail of its output.
     """
-    for name, value, low in [
-        ("nproc", nproc, 1),
-        ("steps", steps, 1),
-        ("warmup_steps", warmup_steps, 0),
-        ("batch_size", batch_size, 1),
-        ("accumulation_steps", accumulation_steps, 1),
-        ("width", width, 1),
-        ("image_size", image_size, 8),
-    ]:
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-    check_flag(no_sync, "no_sync")
-    check_flag(progress, "progress")
-    if batch_size < accumulation_steps:
-        raise ValueError(f"batch_size ({batch_size}) must be >= accumulation_steps ({accumulation_steps})")
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if backend is None:
-        backend = "nccl" if gpus >= nproc and torch.distributed.is_nccl_available() else "gloo"
-    if backend not in ("gloo", "nccl"):
-        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
-    if backend == "nccl" and gpus < nproc:
-        raise ValueError(f"nccl with {nproc} processes needs {nproc} GPUs, found {gpus}; use backend='gloo'")
-    if threads_per_process is None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        threads_per_process = max(1, cores // nproc)
-
-    env = os.environ.copy()
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_PACKAGE_ROOT), env.get("PYTHONPATH", "")]))
-    env["OMP_NUM_THREADS"] = str(threads_per_process)
-    if backend == "gloo":
-        env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU run must not touch (or initialize) a GPU
+    _check_launch_arguments(
+        nproc=nproc, steps=steps, warmup_steps=warmup_steps, batch_size=batch_size,
+        accumulation_steps=accumulation_steps, width=width, image_size=image_size, no_sync=no_sync, progress=progress,
+    )  # fmt: skip
+    backend = _pick_backend(backend, nproc)
+    env = _worker_environment(backend, nproc, threads_per_process)
     with tempfile.TemporaryDirectory(prefix="tricks_ddp_") as tmp:
         out, steps_file = Path(tmp) / "result.json", Path(tmp) / "steps_done"
-        cmd = [
-            sys.executable, "-m", "torch.distributed.run",
-            f"--nproc-per-node={nproc}", "--nnodes=1",
-            "--master-addr=127.0.0.1", f"--master-port={free_port()}",
-            "-m", "tricks_lib.training.ddp",
+        worker_arguments = [
             f"--out={out}", f"--backend={backend}", f"--steps={steps}", f"--warmup-steps={warmup_steps}",
             f"--batch-size={batch_size}", f"--accumulation-steps={accumulation_steps}",
             f"--width={width}", f"--image-size={image_size}", f"--seed={seed}",
         ] + ([] if no_sync else ["--sync-every-micro-batch"])  # fmt: skip
+        cmd = _torchrun_command(nproc, worker_arguments)
         if progress:  # else rank 0 writes no step counts: nobody reads them
             cmd.append(f"--progress-file={steps_file}")
         # A new session, so a timeout can stop torchrun *and* its workers (one process group).
@@ -453,13 +355,3 @@ def _stop_group(proc: subprocess.Popen) -> None:
             return
         except subprocess.TimeoutExpired:
             continue
-
-
-if __name__ == "__main__":
-    main()
-    # The result file is written and the process group destroyed. Skip interpreter teardown: with
-    # gloo, C++ worker threads can still be joinable when static objects are destroyed, which aborts
-    # a finished run now and then ("terminate called without an active exception", SIGABRT).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)

@@ -5,7 +5,7 @@ the writer never guesses keys. ``summary.json`` holds the machine, the notebooks
 row per variant; ``summary.md`` is the same as tables; ``summary.html`` adds each comparison's
 speedup plot (``tricks_lib.report.summary_html``, drawn from the same document, so the three never disagree).
 The rows of the notebooks' verdict tables (``tricks_lib.report.verdicts``) go to their own list, "verdicts",
-with the same keys. ``SUMMARY_ROW_KEYS`` pins the row schema (tests/test_summary.py checks the files
+with the same keys. ``SUMMARY_ROW_KEYS`` pins the row schema (tests/report/test_summary.py checks the files
 against it).
 """
 

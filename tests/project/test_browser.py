@@ -35,7 +35,7 @@ from jupyterlab_browser import (  # noqa: E402
 )
 from playwright.sync_api import sync_playwright  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # One real notebook: what the browser adds over nbval (metadata that JupyterLab rewrites on open, lazy
 # rendering, tables and images in the DOM) is the same for every notebook, and nbval runs all of them.
 # 03 has tables, plots and checked cells and runs in seconds (00 took 46 s here).

@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "tricks_lib"
+PACKAGE = Path(__file__).resolve().parents[2] / "tricks_lib"
 
 
 def module_name(path: Path) -> str:

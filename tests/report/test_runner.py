@@ -384,7 +384,7 @@ def test_run_help_describes_the_command(capsys):
 def test_stored_notebooks_carry_the_standard_kernelspec():
     from tricks_lib.report.notebook_source import STANDARD_KERNELSPEC
 
-    for path in sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb")):
+    for path in sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("*.ipynb")):
         assert json.loads(path.read_text())["metadata"]["kernelspec"] == STANDARD_KERNELSPEC, path.name
 
 
@@ -417,7 +417,7 @@ def test_notebooks_are_found_where_given_then_in_the_checkout_then_in_the_instal
 ):
     assert locate_notebooks(notebooks) == NotebookSource(notebooks, "--notebooks")
     here = locate_notebooks()
-    assert (here.origin, here.folder) == ("checkout", Path(__file__).resolve().parents[1] / "notebooks")
+    assert (here.origin, here.folder) == ("checkout", Path(__file__).resolve().parents[2] / "notebooks")
     with pytest.raises(ValueError, match="not a folder"):
         locate_notebooks(tmp_path / "missing")
     _as_an_installed_package(monkeypatch, notebooks)

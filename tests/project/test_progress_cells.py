@@ -9,7 +9,7 @@ import pytest
 
 from tricks_lib.report.run_times import LEDGER_NAME
 
-NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 LONG_CELL_SECONDS = 20.0
 SHOWS_PROGRESS = ("progress=True", "tqdm(", "progress_bar(", "progress=PROGRESS")
 

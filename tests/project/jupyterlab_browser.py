@@ -1,4 +1,4 @@
-"""JupyterLab in a real headless browser, for tests/test_browser.py.
+"""JupyterLab in a real headless browser, for tests/project/test_browser.py.
 
 ``lab_server`` starts ``jupyter lab`` on 127.0.0.1 with a random token and its own config, data,
 runtime, settings and workspace folders (nothing of the user's is read or written) and stops it by its

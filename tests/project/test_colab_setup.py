@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 KERNEL_STACK = ("torch", "torchvision", "ipykernel", "jupyter_client", "ipython", "numpy")
 
 RUN_CELL = """

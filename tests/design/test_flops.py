@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from known_results import known_comparison
 from torch import nn
 
 from tricks_lib.design.flops import (
@@ -83,18 +84,6 @@ def test_count_memory_access_of_a_1x1_conv_matches_the_formula():
     expected = conv1x1_memory_access_cost(4, 8, 5, 5) + conv1x1_memory_access_cost(8, 4, 5, 5)
     assert count_memory_access(net, torch.randn(1, 4, 5, 5)) == expected  # the ReLU is not counted
     assert not any(m._forward_hooks for m in net.modules())  # hooks removed
-
-
-def known_comparison(costs, baseline):
-    """A Comparison from known per-call times (alternating +-0.2% per round), read by Comparison.versus."""
-    from tricks_lib.measurements import Comparison, ComparisonRow, Measurement
-
-    def timed(name, s):
-        return Measurement(name, tuple(s * (1.002 if i % 2 else 0.998) for i in range(20)), 1, "cpu", 2)
-
-    rows = tuple(ComparisonRow(n, timed(n, s), 1.0, 1.0, 1.0, False, n == baseline) for n, s in costs.items())
-    c = Comparison("one forward", baseline, rows, 20, "cpu", 2, 0.03)
-    return Comparison("one forward", baseline, tuple(c.versus(n, baseline) for n in costs), 20, "cpu", 2, 0.03)
 
 
 def test_rank_by_flops_reads_every_pair_in_flop_order():

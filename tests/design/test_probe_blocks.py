@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from known_results import known_comparison
 from torch import nn
 
 from tricks_lib.design.flops import count_flops
@@ -152,15 +153,9 @@ def test_paper_throughput_ratios():
 
 def test_probe_table_reads_each_row_against_the_paper_half():
     from tricks_lib.design.probe_tables import ProbeTable, ProbeTrends
-    from tricks_lib.measurements import Comparison
-
-    def timed(name, s):
-        return Measurement(name, tuple(s * (1.002 if i % 2 else 0.998) for i in range(20)), 1, "cpu", 2)
 
     costs = {"1:1": 1e-3, "1:2": 1e-3, "1:6": 2e-3, "1:12": 0.5e-3}
-    rows = tuple(ComparisonRow(n, timed(n, s), 1.0, 1.0, 1.0, False, n == "1:1") for n, s in costs.items())
-    c = Comparison("G1", "1:1", rows, 20, "cpu", 2, 0.03)
-    c = Comparison("G1", "1:1", tuple(c.versus(n, "1:1") for n in costs), 20, "cpu", 2, 0.03)
+    c = known_comparison(costs, "1:1", label="G1")
     table = ProbeTable("G1", 1, False, c, {n: 100 for n in costs}, {n: 10**6 for n in costs})
     assert table.paper_ratio("1:6") == paper_throughput_ratios("G1", "1:6", 1)[1]  # the ARM half
     # The paper's ARM half is slower at 1:6 and 1:12: 2x slower here holds, 2x faster inverts.

@@ -7,26 +7,29 @@ import sys
 import tarfile
 from pathlib import Path
 
-import nbformat
 import pytest
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_run.py"
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gpu_run  # noqa: E402
+from tiny_notebooks import write_nb  # noqa: E402
 
 
 def _notebooks(folder: Path) -> Path:
     folder.mkdir()
-    for name, code in {
-        "10_fast": "from tricks_lib import measure\nfrom tricks_lib.report.results import record\n"
+    write_nb(
+        folder / "10_fast.ipynb",
+        "from tricks_lib import measure\nfrom tricks_lib.report.results import record\n"
         "record('noop', measure(lambda: None, min_run_time=0.01, device='cpu'))",
-        "20_device": "from tricks_lib.env import pick_device\nassert pick_device().type == 'cpu'",
-    }.items():
-        cells = [new_markdown_cell(f"# {name}"), new_code_cell(code)]
-        nbformat.write(new_notebook(cells=cells), folder / f"{name}.ipynb")
+        title="# 10_fast",
+    )
+    write_nb(
+        folder / "20_device.ipynb",
+        "from tricks_lib.env import pick_device\nassert pick_device().type == 'cpu'",
+        title="# 20_device",
+    )
     return folder
 
 

@@ -14,8 +14,9 @@ from pathlib import Path
 import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
-from runner_fixtures import KERNEL_VARS, shared_run_once, write_env, write_fails, write_nb, write_ok
+from runner_fixtures import shared_run_once
 from test_summary_html import parse_page
+from tiny_notebooks import KERNEL_VARS, write_env, write_fails, write_nb, write_ok
 
 from tricks_lib.__main__ import main
 from tricks_lib.env import describe

@@ -5,30 +5,15 @@ import json
 
 import pytest
 import torch
+from known_results import known_comparison as comparison
 
 from tricks_lib.compiling import CompileCost
-from tricks_lib.measurements import Comparison, ComparisonRow, Measurement
+from tricks_lib.measurements import Measurement
 from tricks_lib.memory import MemoryReport
 from tricks_lib.outcome import Outcome
 from tricks_lib.report.results import load_records
 from tricks_lib.report.verdicts import VerdictTable, median_drift, trade_off
 from tricks_lib.training.steps import autocast_dtype
-
-
-def timed(label, seconds, rounds=20, items=None, jitter=0.002):
-    # Alternating +-jitter per round: a spread, and paired ratios that are the same every round.
-    times = tuple(seconds * (1 + (jitter if i % 2 else -jitter)) for i in range(rounds))
-    return Measurement(label, times, 1, "cpu", 2, items=items)
-
-
-def comparison(costs, baseline, items=None):
-    """A Comparison read from known per-call times, through the same Comparison.versus the harness uses."""
-    measurements = {name: timed(name, s, items=(items or {}).get(name)) for name, s in costs.items()}
-    rows = tuple(ComparisonRow(n, m, 1.0, 1.0, 1.0, False, n == baseline) for n, m in measurements.items())
-    c = Comparison("c", baseline, rows, rounds=20, device="cpu", num_threads=2, min_effect=0.03, per_item=bool(items))
-    return Comparison(
-        "c", baseline, tuple(c.versus(n, baseline) for n in costs), 20, "cpu", 2, 0.03, per_item=bool(items)
-    )
 
 
 def test_readings_of_a_comparison_on_known_times():

@@ -232,3 +232,25 @@ def test_median_drift_is_largest_over_smallest():
         median_drift({"only": c["a"]})
     with pytest.raises(TypeError, match="Measurement"):
         median_drift({"x": c["a"], "y": 1.0})
+
+
+def test_a_table_that_records_results_records_each_one_once_beside_its_rows(monkeypatch, tmp_path):
+    # One call per trick: the row and the measurement it reads, recorded together where the trick is measured.
+    monkeypatch.setenv("TRICKS_RESULTS", str(tmp_path / "records.jsonl"))
+    c = comparison({"base": 2e-3, "fast": 1e-3, "slow": 4e-3}, "base")
+    table = VerdictTable(record_results=True)
+    table.add("fast", c, "-", variant="fast")
+    table.add("slow", c, "-", variant="slow")  # the same comparison: not recorded again
+    table.add("a row alone", c["fast"], "-")  # a row is not a measurement of its own
+    records = load_records(tmp_path / "records.jsonl")
+    assert [(r.trick, r.kind) for r in records] == [
+        ("fast", "comparison"),
+        ("fast", "verdict"),
+        ("slow", "verdict"),
+        ("a row alone", "verdict"),
+    ]
+    plain = VerdictTable()
+    plain.add("fast again", c, "-", variant="fast")  # the default: the notebook records its results itself
+    assert [r.kind for r in load_records(tmp_path / "records.jsonl")][4:] == ["verdict"]
+    with pytest.raises(TypeError, match="record_results must be True or False"):
+        VerdictTable(record_results=1)

@@ -212,12 +212,17 @@ class VerdictTable:
     """A notebook's closing table, filled row by row from this run's results.
 
     Each ``add`` also records the row (``tricks_lib.report.results.record``), so the main command's summary
-    lists every notebook's verdicts next to its measurements.
+    lists every notebook's verdicts next to its measurements. With ``record_results=True`` it records the
+    result a row reads as well (a ``Comparison`` or ``MemoryReport``, once per result,
+    under the first row's trick), so that one call in the cell where a trick is measured records both
+    the measurement and its closing-table row.
 
     Args:
         columns: the column titles: the trick, any cells given as ``add(before=...)``, the verdict,
             and when it does not help (default: trick, measured here, when it does not help).
         record_rows: record each row for the summary (default True).
+        record_results: also record the result each row reads, once per result (default False: the
+            notebook records its measurements itself with ``record``).
     """
 
     def __init__(
@@ -225,12 +230,14 @@ class VerdictTable:
         columns: tuple[str, ...] = ("trick", "measured here", "when it does not help"),
         *,
         record_rows: bool = True,
+        record_results: bool = False,
     ):
         if not (isinstance(columns, tuple) and len(columns) >= 3 and all(isinstance(c, str) for c in columns)):
             raise TypeError(f"columns must be a tuple of at least 3 column titles, got {columns!r}")
-        if not isinstance(record_rows, bool):
-            raise TypeError(f"record_rows must be True or False, got {record_rows!r}")
-        self.columns, self.record_rows, self.rows = columns, record_rows, []
+        check_flag(record_rows, "record_rows")
+        check_flag(record_results, "record_results")
+        self.columns, self.record_rows, self.record_results, self.rows = columns, record_rows, record_results, []
+        self._recorded: set[int] = set()  # ids of the results recorded so far (each once)
 
     def add(
         self,
@@ -306,6 +313,10 @@ class VerdictTable:
         outcome = None if read is None else read.outcome
         row = VerdictRow(trick, measured + note, caveat, device, speedup, outcome, before, self.columns[1:-1])
         self.rows.append(row)
+        if self.record_results and isinstance(result, (Comparison, MemoryReport)):
+            if id(result) not in self._recorded:
+                self._recorded.add(id(result))
+                record(trick, result)
         if self.record_rows:
             record(trick, row)
         return row

@@ -41,11 +41,6 @@ class Outcome(str, enum.Enum):
             return cls.NOT_SIGNIFICANT
         return cls.FASTER if speedup > 1 else cls.SLOWER
 
-    @property
-    def is_significant(self) -> bool:
-        """True for a measured difference in either direction (faster, slower or suspect)."""
-        return self in (Outcome.FASTER, Outcome.SLOWER, Outcome.SUSPECT)
-
     def __str__(self) -> str:
         return self.value
 

@@ -15,16 +15,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[2] / "tricks_lib"
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
+# One reading of the package for this test and for benchmarks/package_shape.py's numbers.
+from package_shape import all_of, defined_in, modules, more_than_one_home, packages  # noqa: E402
+from package_shape import tier as tier_of  # noqa: E402
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
-PACKAGES = {m for m, p in MODULES.items() if p.name == "__init__.py"}
+MODULES = modules()
+PACKAGES = packages(MODULES)
 
 
 def imports_of(path: Path) -> set[str]:
@@ -44,12 +42,7 @@ IMPORTS = {m: imports_of(p) for m, p in MODULES.items()}
 
 
 def tier(module: str) -> str:
-    parts = module.split(".")
-    if len(parts) == 1:
-        return "root"
-    if len(parts) == 2 and module not in PACKAGES:
-        return "core"
-    return "report" if parts[1] == "report" else "topic"
+    return tier_of(module, PACKAGES)
 
 
 def test_the_tree_has_the_three_tiers():
@@ -98,25 +91,6 @@ def test_no_import_circles():
     assert cycles == []
 
 
-def all_of(path: Path) -> list[str]:
-    for node in ast.parse(path.read_text(encoding="utf-8")).body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
-            return [ast.literal_eval(e) for e in node.value.elts]
-    return []
-
-
-def defined_in(path: Path) -> set[str]:
-    defined = set()
-    for node in ast.parse(path.read_text(encoding="utf-8")).body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            defined.add(node.name)
-        elif isinstance(node, ast.Assign):
-            defined |= {t.id for t in node.targets if isinstance(t, ast.Name)}
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            defined.add(node.target.id)
-    return defined
-
-
 def test_every_module_lists_only_what_it_defines():
     re_exports = {
         m: sorted(set(all_of(p)) - defined_in(p)) for m, p in MODULES.items() if m not in PACKAGES and all_of(p)
@@ -125,18 +99,8 @@ def test_every_module_lists_only_what_it_defines():
 
 
 def test_every_public_name_has_one_home():
-    homes: dict[str, list[str]] = {}
-    for module, path in MODULES.items():
-        if module not in PACKAGES:
-            for name in all_of(path):
-                homes.setdefault(name, []).append(module)
-    assert {name: mods for name, mods in homes.items() if len(mods) > 1} == {}
-    # A package's face lists only names that its own modules define (the root's face: the core's).
-    for face in PACKAGES:
-        own = set().union(
-            *(defined_in(p) for m, p in MODULES.items() if m.rsplit(".", 1)[0] == face and m not in PACKAGES)
-        )
-        assert set(all_of(MODULES[face])) - {"__version__"} <= own, face
+    # Listed by one module's __all__ only; a package's face lists only what its own modules define.
+    assert more_than_one_home(MODULES) == {}
 
 
 def test_import_tricks_lib_loads_the_core_only():

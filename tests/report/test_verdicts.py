@@ -254,3 +254,14 @@ def test_a_table_that_records_results_records_each_one_once_beside_its_rows(monk
     assert [r.kind for r in load_records(tmp_path / "records.jsonl")][4:] == ["verdict"]
     with pytest.raises(TypeError, match="record_results must be True or False"):
         VerdictTable(record_results=1)
+
+
+def test_a_table_records_every_result_even_when_an_earlier_one_was_freed(monkeypatch, tmp_path):
+    # Results are told apart by identity; a freed result's id can be reused by the next one, which must still
+    # be recorded (the table keeps what it recorded alive, so no two of them ever share an id).
+    monkeypatch.setenv("TRICKS_RESULTS", str(tmp_path / "records.jsonl"))
+    table = VerdictTable(record_results=True)
+    for i in range(40):  # each comparison is a temporary, freed after its add()
+        table.add(f"trick {i}", comparison({"base": 2e-3, "fast": 1e-3}, "base"), "-", variant="fast")
+    kinds = [(r.trick, r.kind) for r in load_records(tmp_path / "records.jsonl") if r.kind == "comparison"]
+    assert kinds == [(f"trick {i}", "comparison") for i in range(40)]

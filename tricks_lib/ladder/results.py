@@ -275,22 +275,25 @@ class Ladder:
         return f"Ladder({len(self.rungs)} rungs, target {self.target:.0%}, {self.data}, {self.device})"
 
     def summary_rows(self) -> tuple[SummaryRow, ...]:
-        return tuple(
-            SummaryRow(
-                variant=r.name,
-                device=self.device,
-                median_s=r.mean_time,
-                iqr_s=r.time_spread,
-                speedup=None if r.skipped else self.speedup(r.name),
-                verdict=self.verdict(r.name),
-                outcome=None if self.outcome(r.name) is None else self.outcome(r.name).value,
-                items_per_second=None if r.skipped else r.mean("images_per_second"),
-                peak_allocated_bytes=None
-                if r.skipped or r.mean("peak_memory_bytes") is None
-                else int(r.mean("peak_memory_bytes")),
-            )  # fmt: skip
-            for r in self.rungs
-        )
+        # ``speedup`` reads each rung against the baseline; the verdict and its outcome, against the rung before.
+        rows = []
+        for r in self.rungs:
+            outcome, verdict = self._read(r.name, self._before(r.name), "the rung before")
+            peak = None if r.skipped else r.mean("peak_memory_bytes")
+            rows.append(
+                SummaryRow(
+                    variant=r.name,
+                    device=self.device,
+                    median_s=r.mean_time,
+                    iqr_s=r.time_spread,
+                    speedup=None if r.skipped else self.speedup(r.name),
+                    verdict=verdict,
+                    outcome=None if outcome is None else outcome.value,
+                    items_per_second=None if r.skipped else r.mean("images_per_second"),
+                    peak_allocated_bytes=None if peak is None else int(peak),
+                )
+            )
+        return tuple(rows)
 
     def to_dict(self) -> dict:
         def finite(x):

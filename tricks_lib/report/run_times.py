@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from tricks_lib._atomic import write_bytes_atomic
 from tricks_lib.env import describe
 from tricks_lib.formatting import format_seconds
+from tricks_lib.report.summary import written_before_outcomes
 
 if TYPE_CHECKING:
     from tricks_lib.env import EnvInfo
@@ -204,6 +205,6 @@ def earlier_results(out_dir: Path, *, quick: bool, here: EnvInfo | None = None) 
             else "; " + ", ".join(f"{k} {_machine_fields(machine)[k]} then, {now[k]} now" for k in differences[:3])
         )
         return EarlierResults(tuple(statuses), False, f"ran on another machine ({summary}{detail})")
-    if any("outcome" not in row for row in earlier.get("measurements", ())):
+    if written_before_outcomes(earlier):
         return EarlierResults(tuple(statuses), False, "was written by an older tricks_lib (its rows carry no outcome)")
     return EarlierResults(tuple(statuses), True, "")

@@ -49,12 +49,12 @@ from tricks_lib.report.run_times import (
     stamp_run_time,
 )
 from tricks_lib.report.summary import NotebookStatus, write_summary_files
+from tricks_lib.repro.determinism import CUBLAS_DETERMINISTIC_CONFIGS
 
 __all__ = ["NotebookRun", "RunPlan", "plan_run", "run_notebooks", "run_plan", "write_summary"]
 
 CURRENT_ENV_KERNEL = "python3"
 CUBLAS_ENV_VAR = "CUBLAS_WORKSPACE_CONFIG"
-CUBLAS_DETERMINISTIC_CONFIG = ":4096:8"
 
 
 class _CurrentEnvKernelSpecs(KernelSpecManager):
@@ -143,7 +143,7 @@ def _kernel_env(quick: bool, records: Path, environ: Mapping[str, str]) -> dict[
         # cuBLAS reads this once, at the first cuBLAS call of a process: it must be in the kernel's
         # environment from the start for 07's deterministic mode to work on CUDA. It only fixes the
         # workspace size (a few MiB), so setting it for every notebook costs nothing measurable.
-        CUBLAS_ENV_VAR: environ.get(CUBLAS_ENV_VAR, CUBLAS_DETERMINISTIC_CONFIG),
+        CUBLAS_ENV_VAR: environ.get(CUBLAS_ENV_VAR, CUBLAS_DETERMINISTIC_CONFIGS[0]),
         # Headless: the cells' own progress bars would only land as text in the stored outputs; the
         # runner shows one bar per notebook instead.
         PROGRESS_ENV_VAR: "0",

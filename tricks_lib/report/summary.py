@@ -29,6 +29,7 @@ __all__ = [
     "NotebookStatus",
     "summary_rows",
     "write_summary_files",
+    "written_before_outcomes",
 ]
 
 
@@ -38,8 +39,7 @@ class RecordLike(Protocol):
     notebook: str
     trick: str
     kind: str
-    rows: tuple[dict, ...]  # the result's details (a comparison's: one per variant, with "speedup_ci")
-    summary: tuple[dict, ...]
+    summary: tuple[dict, ...]  # the result's own SummaryRows, as dicts
 
 
 # The keys of every row of summary.json's "measurements" (and "verdicts"), in order. "kind" is the
@@ -64,6 +64,12 @@ class NotebookStatus:
 
 def _time(seconds: float | None) -> str:
     return "-" if seconds is None else format_seconds(seconds)
+
+
+def written_before_outcomes(summary: dict) -> bool:
+    """True for a ``summary.json`` written before every row carried its ``outcome``: ``diff`` and the
+    ``--only`` merge refuse it (its rows would have to be read from their sentences)."""
+    return any("outcome" not in row for row in summary.get("measurements", ()))
 
 
 def summary_rows(records: Sequence[RecordLike], *, verdicts: bool = False) -> list[dict]:

@@ -27,6 +27,7 @@ from statistics import NormalDist
 from tricks_lib._validate import check_positive
 from tricks_lib.formatting import markdown_cell
 from tricks_lib.outcome import Outcome
+from tricks_lib.report.summary import written_before_outcomes
 from tricks_lib.stats import CONFIDENCE, DEFAULT_MIN_EFFECT
 
 __all__ = ["compare_summaries", "diff_markdown", "expected_significance_flips", "load_summary", "verdict_class"]
@@ -59,7 +60,7 @@ def load_summary(path: str | Path) -> dict:
     summary = json.loads(path.read_text(encoding="utf-8"))
     if not isinstance(summary, dict) or "measurements" not in summary:
         raise ValueError(f"{path} is not a summary.json of `python -m tricks_lib run`")
-    if any("outcome" not in row for row in summary["measurements"]):
+    if written_before_outcomes(summary):
         raise ValueError(
             f"{path} was written by an older tricks_lib (its rows carry no outcome): rerun that folder with "
             "`python -m tricks_lib run --out FOLDER` before comparing it"

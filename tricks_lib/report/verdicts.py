@@ -237,7 +237,9 @@ class VerdictTable:
         check_flag(record_rows, "record_rows")
         check_flag(record_results, "record_results")
         self.columns, self.record_rows, self.record_results, self.rows = columns, record_rows, record_results, []
-        self._recorded: set[int] = set()  # ids of the results recorded so far (each once)
+        # The results recorded so far, kept alive: told apart by identity, and a freed result's id could
+        # otherwise come back for the next one, which would then never be recorded.
+        self._recorded: list[object] = []
 
     def add(
         self,
@@ -314,8 +316,8 @@ class VerdictTable:
         row = VerdictRow(trick, measured + note, caveat, device, speedup, outcome, before, self.columns[1:-1])
         self.rows.append(row)
         if self.record_results and isinstance(result, (Comparison, MemoryReport)):
-            if id(result) not in self._recorded:
-                self._recorded.add(id(result))
+            if not any(seen is result for seen in self._recorded):
+                self._recorded.append(result)
                 record(trick, result)
         if self.record_rows:
             record(trick, row)

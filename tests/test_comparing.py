@@ -285,7 +285,8 @@ def test_comparison_renders_table_markdown_and_plot():
     assert isinstance(c, Comparison)
     md = c.to_markdown()
     assert "| a |" in md and "| b |" in md and "baseline" in md
-    assert "<table>" in c._repr_html_()
+    html, metadata = c._repr_html_()
+    assert "<table>" in html and metadata["tricks_lib"]["comparison"] == c.label
     assert c.names == ("a", "b")
     import matplotlib
 

@@ -357,9 +357,16 @@ class Comparison:
         header, body = self._table()
         return markdown_table(header, body, caption=self._caption())
 
-    def _repr_html_(self) -> str:
+    def _repr_html_(self) -> tuple[str, dict]:
+        """The table, with each variant's outcome as the output's metadata: tests read a notebook's closing rows
+        against the comparisons it showed (``tests/project/test_closing_rows.py``)."""
         header, body = self._table()
-        return html_table(header, body, caption=self._caption())
+        shown = {
+            "comparison": self.label,
+            "baseline": self.baseline,
+            "outcomes": {r.name: r.outcome.value for r in self.rows if not r.is_baseline},
+        }
+        return html_table(header, body, caption=self._caption()), {"tricks_lib": shown}
 
     def __repr__(self) -> str:
         return self.to_markdown()

@@ -12,7 +12,7 @@ from tricks_lib.measurements import Measurement
 from tricks_lib.memory import MemoryReport
 from tricks_lib.outcome import Outcome
 from tricks_lib.report.results import load_records
-from tricks_lib.report.verdicts import VerdictTable, median_drift, trade_off
+from tricks_lib.report.verdicts import VerdictTable, median_drift, read_variants, trade_off
 from tricks_lib.training.steps import autocast_dtype
 
 
@@ -103,21 +103,39 @@ def test_verdict_table_rows_render_and_reach_the_summary(monkeypatch, tmp_path):
     table.add("a computed fact", f"two runs identical: {'yes' if 1 + 1 == 2 else 'no'}", "same hardware only")
     md = table.to_markdown()
     assert md.splitlines()[0] == "| trick | measured here | when it does not help |"
-    assert "| torch.compile | 4.00x faster | short jobs |" in md
-    assert "| eager against compiled | 4.00x slower | - |" in md
-    assert "| the row itself | 4.00x faster; 2 MiB saved | - |" in md
-    assert table._repr_markdown_() == md and "<td>a computed fact</td>" in table.to_html()
+    assert "| torch.compile | compiled: 4.00x faster than eager | short jobs |" in md
+    assert "| eager against compiled | eager: 4.00x slower than compiled | - |" in md
+    assert "| the row itself | compiled: 4.00x faster; 2 MiB saved | - |" in md
+    shown, metadata = table._repr_markdown_()
+    assert shown == md and "<td>a computed fact</td>" in table.to_html()
+    stored = metadata["tricks_lib"]["verdict_rows"]
+    assert [r["outcome"] for r in stored] == ["faster", "slower", "faster", None]
+    assert stored[1]["source"] == {
+        "comparison": "c",
+        "reference": "compiled",
+        "outcomes": {"eager": "slower"},
+        "speedups": {"eager": pytest.approx(0.25)},
+    }
+    assert stored[2]["source"]["comparison"] is None and stored[3]["source"] is None
     records = load_records(tmp_path / "records.jsonl")
     assert [r.kind for r in records] == ["verdict"] * 4
-    assert records[0].summary[0]["verdict"] == "4.00x faster" and records[0].summary[0]["speedup"] == pytest.approx(4)
+    assert records[0].summary[0]["verdict"] == "compiled: 4.00x faster than eager" and records[0].summary[0][
+        "speedup"
+    ] == pytest.approx(4)
     json.dumps([r.to_dict() for r in records], allow_nan=False)
 
 
 def test_verdict_table_bad_input():
     table = VerdictTable(record_rows=False)
     c = comparison({"a": 1e-3, "b": 2e-3}, "a")
-    with pytest.raises(TypeError, match="needs variant="):
-        table.add("x", c, "-")
+    with pytest.raises(ValueError, match="not both"):
+        table.add("x", c, "-", variant="b", variants=("b",))
+    with pytest.raises(ValueError, match="Comparison only"):
+        table.add("x", c["b"], "-", variant="b")
+    with pytest.raises(ValueError, match="no variant to read"):
+        table.add("x", c, "-", variants=("a",))
+    with pytest.raises(KeyError):
+        table.add("x", c, "-", against="zz")
     with pytest.raises(KeyError):
         table.add("x", c, "-", variant="zz")
     with pytest.raises(TypeError, match="computed sentence"):
@@ -140,7 +158,7 @@ def test_verdict_table_reads_mappings_and_replicates():
         c, rows=(c["a"], dataclasses.replace(c["b"], replicate_speedups=(1.98, 2.0, 2.02)))
     )
     row = table.add("b, replicates", replicated, "-", variant="b", replicates=True, note="; more")
-    assert row.measured == "2.00x faster (each replicate: 1.98x, 2.00x, 2.02x); more"
+    assert row.measured == "b: 2.00x faster than a (each replicate: 1.98x, 2.00x, 2.02x); more"
     with pytest.raises(ValueError, match="replicates=n"):
         table.add("b", c, "-", variant="b", replicates=True)
     with pytest.raises(ValueError, match="replicates=n"):
@@ -158,7 +176,7 @@ def test_extra_columns_before_the_verdict():
     table = VerdictTable(("trick", "saved for backward", "time", "when it does not help"), record_rows=False)
     c = comparison({"a": 2e-3, "b": 1e-3}, "a")
     table.add("b", c, "never", variant="b", before=("4.00x less",))
-    assert "| b | 4.00x less | 2.00x faster | never |" in table.to_markdown()
+    assert "| b | 4.00x less | b: 2.00x faster than a | never |" in table.to_markdown()
     with pytest.raises(ValueError, match="1 column"):
         table.add("b", c, "never", variant="b")
 
@@ -265,3 +283,60 @@ def test_a_table_records_every_result_even_when_an_earlier_one_was_freed(monkeyp
         table.add(f"trick {i}", comparison({"base": 2e-3, "fast": 1e-3}, "base"), "-", variant="fast")
     kinds = [(r.trick, r.kind) for r in load_records(tmp_path / "records.jsonl") if r.kind == "comparison"]
     assert kinds == [(f"trick {i}", "comparison") for i in range(40)]
+
+
+def test_a_row_for_several_variants_reads_every_one_from_its_outcome(monkeypatch):
+    """The closing row of a sweep: the best significant variant and its verdict first, then every other variant
+    under its own outcome, never one variant standing for the whole comparison."""
+    monkeypatch.delenv("TRICKS_RESULTS", raising=False)
+    # Paired speedups against 'batch 8': 32 -> 1.33x, 128 -> 1.37x, 512 -> 0.99x (within 3%), 1024 -> 0.5x.
+    costs = {"batch 8": 1.0, "batch 32": 0.75, "batch 128": 0.73, "batch 512": 1.01, "batch 1024": 2.0}
+    c = comparison(costs, "batch 8")
+    expected = {"batch 32": "faster", "batch 128": "faster", "batch 512": "not significant", "batch 1024": "slower"}
+    assert {n: c[n].outcome.value for n in expected} == expected
+    table = VerdictTable(record_rows=False)
+    row = table.add("batch size", c, "once the device is saturated")
+    assert row.outcome is Outcome.FASTER and row.speedup == pytest.approx(1 / 0.73)
+    assert row.measured == (
+        "batch 128: 1.37x faster than batch 8 (best); also faster: batch 32 (1.33x); slower: batch 1024 "
+        "(2.00x slower); not significant: batch 512"
+    )
+    for name, outcome in expected.items():  # every variant is named, under the heading of its own outcome
+        assert name in row.measured and row.source.to_dict()["outcomes"][name] == outcome
+    # No faster variant: the row says so, and its outcome is not significant while one variant is.
+    none_faster = table.add("only the others", c, "-", variants=("batch 512", "batch 1024"))
+    assert (
+        none_faster.measured
+        == "none faster than batch 8; slower: batch 1024 (2.00x slower); not significant: batch 512"
+    )
+    assert none_faster.outcome is Outcome.NOT_SIGNIFICANT and none_faster.speedup is None
+    all_slower = table.add("all slower", c, "-", variants=("batch 1024",))
+    assert all_slower.measured == "batch 1024: 2.00x slower than batch 8" and all_slower.outcome is Outcome.SLOWER
+    # Against another variant: the best of the others against batch 32, from the same paired rounds.
+    against = table.add("against 32", c, "-", against="batch 32")
+    assert against.measured == (
+        "none faster than batch 32; slower: batch 8 (1.33x slower), batch 512 (1.35x slower), "
+        "batch 1024 (2.67x slower); not significant: batch 128"
+    )
+    assert against.outcome is Outcome.NOT_SIGNIFICANT
+    assert against.source.reference == "batch 32" and "batch 32" not in against.source.to_dict()["outcomes"]
+    # A suspect variant is never the best one.
+    suspect = dataclasses.replace(
+        c, rows=tuple(dataclasses.replace(r, suspect="does more work") if r.name == "batch 128" else r for r in c.rows)
+    )
+    reading = read_variants(suspect)
+    assert reading.best.name == "batch 32" and "faster but suspect: batch 128" in reading.text()
+
+
+def test_a_single_variant_row_names_its_subject_so_its_direction_cannot_be_misread(monkeypatch):
+    """04's defect: 'depthwise 3x3 vs dense 1x1 | 1.88x faster' when the faster layer was the dense one."""
+    monkeypatch.delenv("TRICKS_RESULTS", raising=False)
+    c = comparison({"depthwise 3x3": 1.88e-3, "dense 1x1": 1e-3}, "depthwise 3x3")
+    table = VerdictTable(record_rows=False)
+    assert table.add("depthwise vs dense", c, "-", variant="dense 1x1").measured == (
+        "dense 1x1: 1.88x faster than depthwise 3x3"
+    )
+    flipped = table.add("depthwise vs dense", c, "-", variant="depthwise 3x3", against="dense 1x1")
+    assert flipped.measured == "depthwise 3x3: 1.88x slower than dense 1x1" and flipped.outcome is Outcome.SLOWER
+    same = comparison({"a": 1e-3, "b": 1.01e-3}, "a")
+    assert table.add("tie", same, "-", variant="b").measured == "b vs a: not significant"

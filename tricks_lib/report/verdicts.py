@@ -1,9 +1,13 @@
 """One verdict mechanism: the closing table a notebook fills row by row from this run's results.
 
     table = VerdictTable()
-    table.add("channels_last", cmp["channels_last"], "when the model has few convolutions")
-    table.add("torch.compile", cmp, "short jobs", variant="compiled", against="eager")
+    table.add("batch size", sweep, "once the device is saturated")   # every variant: the best one and the rest
+    table.add("torch.compile", cmp, "short jobs", variant="compiled", against="eager")  # "compiled: 1.4x faster than eager"
     table          # renders as Markdown/HTML; every row was also recorded for the run's summary
+
+A row read from a comparison says what its subject is ("compiled: 1.40x faster than eager"), and a row that stands
+for a comparison of several variants reads all of them (``read_variants``): the best significant one and its verdict,
+then the others by outcome, so a closing row never reads one variant of a sweep as the whole trick.
 
 Each row carries the outcome of the comparison row it was read from (``Outcome``), so the summary, the
 diff and the HTML page read the outcome, never the sentence. Two readings that the memory notebook and the
@@ -15,6 +19,7 @@ result live on its type: ``Comparison.versus``/``fastest``, ``MemoryReport.chang
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
@@ -29,7 +34,17 @@ from tricks_lib.report.results import record
 if TYPE_CHECKING:
     pass
 
-__all__ = ["MedianDrift", "TradeOff", "TradeOffRow", "VerdictRow", "VerdictTable", "median_drift", "trade_off"]
+__all__ = [
+    "MedianDrift",
+    "TradeOff",
+    "TradeOffRow",
+    "VariantsReading",
+    "VerdictRow",
+    "VerdictTable",
+    "median_drift",
+    "read_variants",
+    "trade_off",
+]
 
 
 @dataclass(frozen=True)
@@ -174,6 +189,105 @@ def median_drift(timings: Mapping[str, ComparisonRow | Measurement]) -> MedianDr
 
 
 @dataclass(frozen=True)
+class VariantsReading:
+    """Variants of one comparison, each read against one reference (``read_variants``).
+
+    Its text names every variant it read: the best significantly faster one with its speedup, then the others by
+    outcome ("batch 128: 1.37x faster than batch 8 (best); also faster: batch 32 (1.33x); not significant:
+    batch 512"). Its outcome is the best one's: faster when any variant is significantly faster, else not
+    significant when any is not (or is suspect), else slower.
+    """
+
+    label: str | None  # the comparison's label (None: a row read alone, without its comparison)
+    reference: str | None  # the variant every row was read against (None: not known, a row read alone)
+    rows: tuple[ComparisonRow, ...]  # each read against ``reference``, in the comparison's order
+
+    @property
+    def best(self) -> ComparisonRow | None:
+        """The significantly faster variant with the largest paired speedup (None: no variant is faster)."""
+        faster = [r for r in self.rows if r.outcome is Outcome.FASTER]
+        return max(faster, key=lambda r: r.speedup) if faster else None
+
+    @property
+    def outcome(self) -> Outcome:
+        if len(self.rows) == 1:
+            return self.rows[0].outcome
+        outcomes = {r.outcome for r in self.rows}
+        if Outcome.FASTER in outcomes:
+            return Outcome.FASTER
+        if outcomes & {Outcome.NOT_SIGNIFICANT, Outcome.SUSPECT}:
+            return Outcome.NOT_SIGNIFICANT
+        return Outcome.SLOWER
+
+    @property
+    def speedup(self) -> float | None:
+        """The best variant's speedup; a single variant's speedup whatever its outcome; else None."""
+        best = self.best
+        if best is not None:
+            return best.speedup
+        return self.rows[0].speedup if len(self.rows) == 1 else None
+
+    def text(self) -> str:
+        if len(self.rows) == 1:
+            return _subject_verdict(self.rows[0], self.reference)
+        best = self.best
+        parts = [f"{_subject_verdict(best, self.reference)} (best)" if best else f"none faster than {self.reference}"]
+        rest = [r for r in self.rows if r is not best]
+        faster = [f"{r.name} ({r.speedup:.2f}x)" for r in rest if r.outcome is Outcome.FASTER]
+        slower = [f"{r.name} ({1 / r.speedup:.2f}x slower)" for r in rest if r.outcome is Outcome.SLOWER]
+        same = [r.name for r in rest if r.outcome is Outcome.NOT_SIGNIFICANT]
+        suspect = [f"{r.name} ({r.speedup:.2f}x, suspect: {r.suspect})" for r in rest if r.outcome is Outcome.SUSPECT]
+        for title, names in (("also faster", faster), ("slower", slower), ("not significant", same)):
+            if names:
+                parts.append(f"{title}: {', '.join(names)}")
+        if suspect:
+            parts.append(f"faster but suspect: {', '.join(suspect)}")
+        return "; ".join(parts)
+
+    def to_dict(self) -> dict:
+        """What the row read, as stored with the notebook's closing table (tests check the row against it)."""
+        return {
+            "comparison": self.label,
+            "reference": self.reference,
+            "outcomes": {r.name: r.outcome.value for r in self.rows},
+            "speedups": {r.name: r.speedup if math.isfinite(r.speedup) else None for r in self.rows},
+        }
+
+
+def read_variants(
+    comparison: Comparison, variants: Iterable[str] | None = None, *, against: str | None = None
+) -> VariantsReading:
+    """Read ``variants`` (default: every variant but ``against``) against ``against`` (default: the baseline).
+
+    Raises:
+        KeyError: a name is not a variant of ``comparison``.
+        ValueError: no variant is left to read (only the reference was named).
+    """
+    reference = comparison.baseline if against is None else against
+    comparison[reference]  # KeyError with the variant names when it is not one
+    names = [n for n in comparison.names if n != reference] if variants is None else list(variants)
+    names = [n for n in names if n != reference]
+    if not names:
+        raise ValueError(
+            f"{comparison.label!r}: no variant to read against {reference!r}; variants: {comparison.names}"
+        )
+    rows = tuple(comparison[n] if reference == comparison.baseline else comparison.versus(n, reference) for n in names)
+    return VariantsReading(comparison.label, reference, rows)
+
+
+def _subject_verdict(row: ComparisonRow, reference: str | None) -> str:
+    """'compiled: 1.40x faster than eager', 'compiled vs eager: not significant': the subject of the verdict is
+    the variant, so its direction cannot be read backwards."""
+    than = f" than {reference}" if reference else ""
+    if row.outcome in (Outcome.FASTER, Outcome.SLOWER, Outcome.SUSPECT):
+        word, factor = ("faster", row.speedup) if row.speedup > 1 else ("slower", 1 / row.speedup)
+        text = f"{row.name}: {factor:.2f}x {word}{than}"
+        return f"{text} (suspect: {row.suspect})" if row.suspect else text
+    versus = f" vs {reference}" if reference else ""
+    return f"{row.name}{versus}: {row.verdict}"
+
+
+@dataclass(frozen=True)
 class VerdictRow:
     """One row of a verdict table: what this run measured for a trick, and when it does not help."""
 
@@ -187,6 +301,7 @@ class VerdictRow:
     outcome: Outcome | None = None  # the outcome of the comparison row it was read from (None: not read from one)
     before: tuple[str, ...] = ()  # cells between the trick and the verdict (e.g. the memory it saved)
     columns: tuple[str, ...] = ()  # the titles of ``before``'s cells and of ``measured``, as the table shows them
+    source: VariantsReading | None = None  # the comparison variants it read (None: not read from a comparison)
 
     def summary_rows(self) -> tuple[SummaryRow, ...]:
         """One row; a table with cells before its verdict (01's vs / warm / cold) puts them in the row's text,
@@ -205,6 +320,8 @@ class VerdictRow:
             "caveat": self.caveat,
             "device": self.device,
             "columns": list(self.columns),
+            "outcome": None if self.outcome is None else self.outcome.value,
+            "source": None if self.source is None else self.source.to_dict(),
         }
 
 
@@ -248,6 +365,7 @@ class VerdictTable:
         caveat: str,
         *,
         variant: str | None = None,
+        variants: Iterable[str] | None = None,
         against: str | None = None,
         note: str = "",
         replicates: bool = False,
@@ -257,9 +375,11 @@ class VerdictTable:
 
         Args:
             trick: the trick's name as the table shows it.
-            result: a ``ComparisonRow`` (its verdict), a ``Comparison`` with ``variant`` (and optionally
-                ``against``, another variant to read it against), a ``MemoryReport`` (its saved bytes),
-                a mapping of labels to values computed from this run (shown as 'label: value; ...'),
+            result: a ``Comparison``: read ``variant`` alone, else ``variants`` (default: all of them), each
+                against ``against`` (default: the baseline), with ``read_variants``: the text names the subject
+                ("x: 1.30x faster than y") and, for several variants, the best one and every other one's outcome;
+                a ``ComparisonRow`` (its verdict, after its name); a ``MemoryReport`` (its saved bytes);
+                a mapping of labels to values computed from this run (shown as 'label: value; ...');
                 or a sentence the notebook computed from this run.
             caveat: when the trick does not help: a fixed fact, never an outcome.
             note: appended to the measured text (e.g. the memory it saved).
@@ -267,10 +387,10 @@ class VerdictTable:
             before: the cells between the trick and the verdict, one per extra column.
 
         Raises:
-            TypeError: a ``Comparison`` without ``variant``, a mapping with a key that is not a string,
-                or a result of another type.
-            ValueError: ``before`` does not fill the table's extra columns, an empty mapping, or
-                ``replicates=True`` for a result without replicates.
+            TypeError: a mapping with a key that is not a string, or a result of another type.
+            ValueError: ``before`` does not fill the table's extra columns, an empty mapping, both ``variant``
+                and ``variants``, ``variant``/``variants``/``against`` for a result that is not a comparison,
+                or ``replicates=True`` for a result without replicates (or read from several variants).
             KeyError: ``variant`` or ``against`` is not a variant of the comparison.
         """
         for name, value in (("trick", trick), ("caveat", caveat), ("note", note)):
@@ -284,17 +404,17 @@ class VerdictTable:
             raise ValueError(
                 f"this table has {extra} column(s) before the verdict ({self.columns[1:-2]}), got before={before!r}"
             )
-        speedup, device, read = None, "-", None  # read: the ComparisonRow, when there is one
+        if variant is not None and variants is not None:
+            raise ValueError(f"add({trick!r}, ...): pass variant= (one) or variants= (several), not both")
+        if not isinstance(result, Comparison) and (variant, variants, against) != (None, None, None):
+            raise ValueError(f"add({trick!r}, ...): variant=, variants= and against= read a Comparison only")
+        speedup, device, source = None, "-", None  # source: the comparison variants it read, when it read some
         if isinstance(result, Comparison):
-            if variant is None:
-                raise TypeError(
-                    f"add({trick!r}, comparison, ...) needs variant=: the row to read from {list(result.names)}"
-                )
-            read = result[variant] if against is None else result.versus(variant, against)
-            measured, speedup, device = read.verdict, read.speedup, result.device
+            source = read_variants(result, [variant] if variant is not None else variants, against=against)
+            measured, speedup, device = source.text(), source.speedup, result.device
         elif isinstance(result, ComparisonRow):
-            read = result
-            measured, speedup, device = result.verdict, result.speedup, result.measurement.device
+            source = VariantsReading(None, None, (result,))
+            measured, speedup, device = _subject_verdict(result, None), result.speedup, result.measurement.device
         elif isinstance(result, MemoryReport):
             measured, device = f"saved for backward {format_bytes(result.peak_saved_bytes)}", result.device
         elif isinstance(result, Mapping):
@@ -307,13 +427,14 @@ class VerdictTable:
                 f"or a computed sentence, got {type(result).__name__}"
             )
         if replicates:
-            if read is None or not read.replicate_speedups:
+            if source is None or len(source.rows) != 1 or not source.rows[0].replicate_speedups:
                 raise ValueError(
-                    f"add({trick!r}, ..., replicates=True) needs a comparison run with compare(..., replicates=n)"
+                    f"add({trick!r}, ..., replicates=True) reads one variant of a comparison run with "
+                    "compare(..., replicates=n)"
                 )
-            note = f" (each replicate: {', '.join(f'{s:.2f}x' for s in read.replicate_speedups)})" + note
-        outcome = None if read is None else read.outcome
-        row = VerdictRow(trick, measured + note, caveat, device, speedup, outcome, before, self.columns[1:-1])
+            note = f" (each replicate: {', '.join(f'{s:.2f}x' for s in source.rows[0].replicate_speedups)})" + note
+        outcome = None if source is None else source.outcome
+        row = VerdictRow(trick, measured + note, caveat, device, speedup, outcome, before, self.columns[1:-1], source)
         self.rows.append(row)
         if self.record_results and isinstance(result, (Comparison, MemoryReport)):
             if not any(seen is result for seen in self._recorded):
@@ -333,9 +454,10 @@ class VerdictTable:
         return html_table(list(self.columns), self._body())
 
     # Markdown only (no _repr_html_): Jupyter would prefer HTML, whose escaping shows `code` and **bold**
-    # in the cells literally.
-    def _repr_markdown_(self) -> str:
-        return self.to_markdown()
+    # in the cells literally. The rows' outcomes and what each read go with it as the output's metadata, so a
+    # test can check every stored closing row against the comparison it names (tests/project/test_closing_rows.py).
+    def _repr_markdown_(self) -> tuple[str, dict]:
+        return self.to_markdown(), {"tricks_lib": {"verdict_rows": [r.to_dict() for r in self.rows]}}
 
     def __repr__(self) -> str:
         return self.to_markdown()

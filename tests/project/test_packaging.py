@@ -55,6 +55,14 @@ def test_readme_main_command_runs_all_notebooks():
     assert any("pip install" in b and "python -m tricks_lib run" in b for b in blocks)
 
 
+def test_the_readmes_main_job_cost_is_the_ledgers():
+    """The README's figures about the main job come from notebooks/run_times.json, not from memory."""
+    from tricks_lib.report.run_times import main_job_cost
+
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    assert main_job_cost(ROOT / "notebooks") in readme, "rewrite the README's cost sentence from main_job_cost()"
+
+
 def test_readme_lists_every_notebook_with_a_colab_badge():
     readme = (ROOT / "README.md").read_text()
     for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):

@@ -1,6 +1,7 @@
 """The run-time ledger and the title cell's run-time line (tricks_lib.report.run_times)."""
 
 import json
+import time
 
 import nbformat
 import pytest
@@ -8,7 +9,14 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 from runner_fixtures import shared_run_once
 
 from tricks_lib.formatting import format_seconds
-from tricks_lib.report.run_times import LEDGER_NAME, MARKER, record_run_time, run_time_line, stamp_run_time
+from tricks_lib.report.run_times import (
+    LEDGER_NAME,
+    MARKER,
+    main_job_cost,
+    record_run_time,
+    run_time_line,
+    stamp_run_time,
+)
 
 
 @pytest.fixture(scope="session")
@@ -32,6 +40,18 @@ def test_the_line_reads_what_was_recorded_per_mode(tmp_path):
     assert json.loads((tmp_path / LEDGER_NAME).read_text())["02_training"]["full"]["seconds"] == 60.0
     with pytest.raises(ValueError, match="run time"):
         record_run_time(tmp_path, "02_training", quick=True, seconds=float("nan"), machine="x")
+
+
+def test_the_main_job_cost_reads_the_full_runs_of_the_ledger(tmp_path):
+    for name, seconds in (("00_a", 40.0), ("01_b", 1190.0), ("02_c", 379.0), ("03_d", 186.0)):
+        record_run_time(tmp_path, name, quick=False, seconds=seconds, machine="CPU only: X")
+    record_run_time(tmp_path, "04_e", quick=True, seconds=9999.0, machine="CPU only: X")  # quick runs do not count
+    assert main_job_cost(tmp_path) == (
+        f"29.9 min for the 4 notebooks (full mode, recorded {time.strftime('%Y-%m-%d', time.gmtime())} on CPU only: X), most of it "
+        "01 (19.8 min) and 02 (6.3 min); the others take 40 s to 3.1 min each"
+    )
+    with pytest.raises(ValueError, match="full-mode runs"):
+        main_job_cost(tmp_path / "empty")
 
 
 def test_stamping_replaces_the_earlier_line_and_keeps_the_title():

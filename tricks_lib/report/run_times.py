@@ -34,6 +34,7 @@ __all__ = [
     "CellProgress",
     "EarlierResults",
     "earlier_results",
+    "main_job_cost",
     "record_run_time",
     "recorded_cell_seconds",
     "run_time_line",
@@ -140,6 +141,37 @@ def run_time_line(folder: str | Path, notebook: str) -> str | None:
         parts.append(f"{mode} mode {format_seconds(r['seconds'])}{where} ({r['recorded']})")
     on = f" on {machines.pop()}" if len(machines) == 1 else ""
     return f"{MARKER}\n*Run time, as the main command last recorded it{on}: {'; '.join(parts)}.*"
+
+
+def main_job_cost(folder: str | Path) -> str:
+    """What the main job cost in full mode, as the ledger recorded each notebook's last full run: the sentence
+    the README quotes (a test checks that it does), so the project's figures about itself come from a run.
+
+    "34.6 min for the 9 notebooks (full mode, recorded 2026-12-06 on <machine>), most of it 01 (19.8 min)
+    and 02 (6.3 min); the others take 32 s to 3.1 min each".
+
+    Raises:
+        ValueError: the ledger holds fewer than three full-mode runs.
+    """
+    full = {name: e["full"] for name, e in sorted(_read(Path(folder)).items()) if isinstance(e.get("full"), dict)}
+    if len(full) < 3:
+        raise ValueError(f"{folder}: {len(full)} full-mode runs recorded; run 'python -m tricks_lib run' first")
+    seconds = {name[:2]: r["seconds"] for name, r in full.items()}
+    (first, a), (second, b), *others = sorted(seconds.items(), key=lambda kv: -kv[1])
+    dates = sorted({r["recorded"] for r in full.values()})
+    machines = sorted({r["machine"] for r in full.values()})
+    when = dates[-1] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}"
+    rest = [s for _, s in others]
+    return (
+        f"{_minutes(sum(seconds.values()))} for the {len(seconds)} notebooks (full mode, recorded {when} on "
+        f"{' and '.join(machines)}), most of it {first} ({_minutes(a)}) and {second} ({_minutes(b)}); the others "
+        f"take {_minutes(min(rest))} to {_minutes(max(rest))} each"
+    )
+
+
+def _minutes(seconds: float) -> str:
+    """'32 s' under a minute, else '3.1 min'."""
+    return f"{seconds:.0f} s" if seconds < 60 else f"{seconds / 60:.1f} min"
 
 
 def stamp_run_time(nb, line: str | None) -> None:

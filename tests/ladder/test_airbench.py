@@ -84,15 +84,35 @@ def test_bad_arguments():
         init_whitening(make_airbench94(0.125).whiten, torch.randn(2, 1, 8, 8))
 
 
-def test_record_comparison_shows_time_only_for_the_records_task():
-    from tricks_lib.ladder.airbench import PublishedRecord, RecordComparison
+def test_record_comparison_shows_time_only_for_the_records_task_and_compares_per_flop():
+    from tricks_lib.ladder.airbench import TRAINING_FLOPS_PER_FORWARD, PublishedRecord, RecordComparison
 
-    airbench = PublishedRecord("airbench94", seconds=4.0, gpu="A100", train_images=400_000)
-    myrtle = PublishedRecord("Myrtle.ai", seconds=26.0, gpu="V100")
+    airbench = PublishedRecord("airbench94", seconds=4.0, gpu="A100", train_images=400_000, flops_per_image=200e6,
+                               source="a paper, 2024")  # fmt: skip
+    myrtle = PublishedRecord("Myrtle.ai", seconds=26.0, gpu="V100", network="ResNet-9")
     assert airbench.images_per_second == 100_000 and myrtle.images_per_second is None
-    photos = RecordComparison("a CPU", "photos", 0.125, 0.75, 30.0, 1_000.0, (airbench, myrtle))
+    assert airbench.training_flops_per_second == 100_000 * TRAINING_FLOPS_PER_FORWARD * 200e6
+    # 1,000 images/s of a network 20x narrower in FLOPs: 100x the images/s is 2,000x the arithmetic rate
+    photos = RecordComparison("a CPU", "photos", 0.125, 0.75, 30.0, 1_000.0, 10e6, (airbench, myrtle), run="top")
     assert not photos.same_task and photos.rows()[0][4] == "-"  # a time to 75% on photos is not a record's time
-    assert photos.rows()[1][-1] == "100.0x" and photos.rows()[2][-1] == "-"
-    assert "not a record" in photos._repr_markdown_()
-    cifar = RecordComparison("an H100", "CIFAR-10", 1.0, 0.94, 3.0, 150_000.0, (airbench,))
+    assert photos.per_flop(airbench) == pytest.approx(2_000) and photos.per_flop(myrtle) is None
+    assert photos.rows()[0][0] == "top" and photos.rows()[1][-1] == "2,000x" and photos.rows()[2][-1] == "-"
+    assert photos.rows()[1][2] == "CIFAR-10, width 1" and photos.rows()[2][2] == "CIFAR-10, ResNet-9"
+    assert photos.rows()[0][-2] == "30.0 GFLOP/s" and photos.rows()[1][-2] == "60.0 TFLOP/s"
+    text = photos._repr_markdown_()
+    assert "not a record" in text and "- airbench94: a paper, 2024" in text and "Myrtle.ai:" not in text
+    cifar = RecordComparison("an H100", "CIFAR-10", 1.0, 0.94, 3.0, 150_000.0, 200e6, (airbench,))
     assert cifar.same_task and cifar.rows()[0][4] == "3 s" and "not a record" not in repr(cifar)
+    with pytest.raises(ValueError):
+        RecordComparison("a CPU", "photos", 0.125, 0.75, None, 1_000.0, 0.0, (airbench,))
+
+
+def test_training_flops_per_image_agree_with_airbench_readme():
+    # The README's 0.36 PFLOPs for 9.9 epochs of 50,000 images (0.29 for airbench94_muon's 8 epochs) is about
+    # TRAINING_FLOPS_PER_FORWARD forward passes of this network per trained image (evaluation adds a little).
+    from tricks_lib.design import count_flops
+    from tricks_lib.ladder.airbench import TRAINING_FLOPS_PER_FORWARD
+
+    forward = count_flops(make_airbench94(1.0), torch.zeros(1, 3, 32, 32))
+    for pflops, images in ((0.36, 9.9 * 50_000), (0.29, 8 * 50_000)):
+        assert 1.0 <= pflops * 1e15 / (images * TRAINING_FLOPS_PER_FORWARD * forward) <= 1.1

@@ -6,7 +6,16 @@ import torch
 from tricks_lib.ladder.config import LadderConfig, TargetTrace, TrainingRun
 from tricks_lib.ladder.images import ImageData, augment_batch
 from tricks_lib.ladder.results import Ladder, Rung, RungResult
-from tricks_lib.ladder.run import _cumulative, lr_factor, run_ladder, run_to_target, train_to_target
+from tricks_lib.ladder.run import (
+    _cumulative,
+    lr_factor,
+    make_training_step,
+    run_ladder,
+    run_to_target,
+    train_to_target,
+)
+from tricks_lib.measurements import Comparison, Measurement, paired_row
+from tricks_lib.outcome import Outcome
 
 
 def fake_run(accuracies, target, seconds_per_epoch=1.0, seed=0):
@@ -204,7 +213,7 @@ def test_unsupported_rungs_are_skipped_with_the_reason():
     assert _skip_reasons(rungs, None) == rungs  # skip_unsupported=False: nothing decided for the caller
 
 
-def test_reading_groups_rungs_and_reads_the_stack_against_the_baseline():
+def test_reading_groups_rungs_and_reads_the_stack_at_its_fastest_rung_that_reached_the_target():
     ladder = Ladder(
         (fake_result("a", [10.0, 11.0]), fake_result("b", [5.0, 6.0]), fake_result("c", [5.5, 6.5]),
          RungResult("skip", None, (), "CUDA only"), fake_result("d", [12.0, 13.0]), fake_result("e", [4.0, None])),
@@ -212,13 +221,72 @@ def test_reading_groups_rungs_and_reads_the_stack_against_the_baseline():
     )  # fmt: skip
     reading = ladder.reading()
     assert reading.faster == ("b",) and reading.unclear == ("c",) and reading.slower == ("d",)
-    assert reading.missed == ("e",) and reading.skipped == ("skip (CUDA only)",)
-    assert reading.top == "e" and reading.stack == "missed the target in 1 of 2 seeds"
-    # the top rung against the baseline, by the no-overlap rule, named as the baseline
-    assert ladder.verdict_against("b", "a", label="the baseline").startswith("1.91x faster to target than the baseline")
+    assert reading.missed == ("e (1 of 2 seeds)",) and reading.skipped == ("skip (CUDA only)",)
+    # not the top rung (e missed the target in a seed) but the fastest that reached it in every seed
+    assert reading.best == "b" and reading.stack == "1.91x faster to target than the baseline (no seed overlap)"
+    assert reading.summary == (
+        "fastest to 90% in every seed: b, 1.91x faster to target than the baseline (no seed overlap); "
+        "missed it in some seed: e (1 of 2 seeds)"
+    )
     assert ladder.verdict_against("d", "a").startswith("1.19x slower to target than a")
     assert ladder.verdict_against("c", "b").startswith("no clear change")
     assert "| clearly faster than the rung before | b |" in reading._repr_markdown_()
+    only_slower = Ladder((fake_result("a", [1.0, 1.1]), fake_result("d", [2.0, 2.1])), "fake", "cpu", 0.9)
+    assert only_slower.reading().best == "a" and "no rung reached the target sooner" in only_slower.reading().stack
+    none = Ladder((fake_result("a", [1.0, None]),), "fake", "cpu", 0.9).reading()
+    assert none.best is None and none.summary.startswith("no rung reached 90% in every seed")
+
+
+def test_the_fastest_rung_counts_a_reused_compile_as_a_fresh_process_pays_it():
+    ladder = Ladder(
+        (fake_result("eager", [2.0, 2.1]), fake_result("compiled", [16.0, 17.0], compile_seconds=15.0),
+         fake_result("smoothing", [1.0, 1.1], compile_seconds=0.001)),
+        "fake", "cpu", 0.9,
+    )  # fmt: skip
+    assert ladder.fresh_times("smoothing") == pytest.approx((16.0, 16.1))  # the compile it reused, added back
+    assert ladder.fresh_times("compiled") == (16.0, 17.0) and ladder.fresh_times("eager") == (2.0, 2.1)
+    assert ladder.best() == "eager"  # 1.05 s after the compile is not what a reader's fresh process gets
+
+
+def fake_epochs(name, epochs, seeds=None):
+    runs = tuple(
+        TrainingRun(
+            seed=seed,
+            trace=TargetTrace(
+                (0.5,) * ((e or 3) - 1) + (0.95 if e else 0.5,), tuple(range(1, (e or 3) + 1)), (1.0,) * (e or 3), 0.9
+            ),
+            images_per_second=100.0,
+            compile_seconds=None,
+            setup_seconds=0.0,
+            peak_memory_bytes=None,
+            saved_bytes=1,
+        )  # fmt: skip
+        for seed, e in zip(seeds or range(len(epochs)), epochs)
+    )
+    return RungResult(name, TINY, runs)
+
+
+def test_epochs_change_reads_seed_pairs_with_a_sign_test():
+    ladder = Ladder(
+        (fake_epochs("a", [2, 2, 3, 2, 2, 3]), fake_epochs("b", [3, 3, 4, 3, 3, None]),
+         fake_epochs("c", [3, 2, 4, 4, 2, 3]), fake_epochs("d", [3, 3, 3, 3, 3]), fake_epochs("e", [3] * 5, [5] * 5)),
+        "fake", "cpu", 0.9,
+    )  # fmt: skip
+    assert ladder["b"].epochs == (3, 3, 4, 3, 3, None)
+    more = ladder.epochs_change("b")
+    assert (more.reference, more.fewer, more.more, more.same) == ("a", 0, 6, 0)  # a miss counts as more
+    assert more.p_value == pytest.approx(2 / 64) and more.direction == "more"
+    assert more.verdict == "more epochs than a (fewer in 0, more in 6, same in 0 of 6 seeds; sign test p = 0.031)"
+    mixed = ladder.epochs_change("c")  # against b: fewer in 3, same in 2, more in 1 (the seed b missed)
+    assert (mixed.fewer, mixed.more, mixed.same) == (3, 1, 2) and mixed.p_value == pytest.approx(0.625)
+    assert mixed.direction is None and mixed.verdict.startswith("no clear change in epochs (fewer in 3")
+    five = ladder.epochs_change("c", "a")  # 5 of 6 seeds could; 5 seeds alone never can
+    assert five.smallest_p == pytest.approx(2 / 64)
+    assert ladder.epochs_change("a") is None
+    with pytest.raises(ValueError):
+        ladder.epochs_change("d")  # five seeds against six: they do not pair up
+    with pytest.raises(ValueError):
+        ladder.epochs_change("e", "d")  # the same count, other seeds
 
 
 def test_compile_payback_counts_the_images_that_repay_the_cold_compile():
@@ -246,6 +314,16 @@ def test_compile_payback_counts_the_images_that_repay_the_cold_compile():
     assert payback.images_to_pay_back == pytest.approx(2000)
     assert payback.images_per_run == 1500 and payback.paid_back_within_a_run is False
     assert ["paid back within one run", "no"] in payback.rows()
+    # With a paired step comparison, its speeds and verdict: a compiled step that is not significantly faster
+    # never repays the compile, however its median compares.
+    steps = fake_steps({"eager": (0.64, 0.64), "+ compile": (0.32, 0.33)}, items={"eager": 64, "+ compile": 64})
+    paired = Ladder((eager, compiled), "fake", "cpu", 0.9).compile_payback(500, steps)
+    assert paired.step_outcome is Outcome.FASTER and paired.eager_images_per_second == pytest.approx(100)
+    assert paired.images_to_pay_back == pytest.approx(10 / (1 / 100 - 1 / 200), rel=0.05)
+    assert ["compiled step against the eager one (paired)", paired.step_verdict] in paired.rows()
+    unclear = fake_steps({"eager": (0.64, 0.64), "+ compile": (0.60, 0.70)}, items={"eager": 64, "+ compile": 64})
+    payback = Ladder((eager, compiled), "fake", "cpu", 0.9).compile_payback(500, unclear)
+    assert payback.step_outcome is Outcome.NOT_SIGNIFICANT and payback.images_to_pay_back is None
     slower = RungResult("+ compile", compiled_cfg, runs(50.0, 10.0, 3))
     assert Ladder((eager, slower), "fake", "cpu", 0.9).compile_payback(500).images_to_pay_back is None
     assert Ladder((eager,), "fake", "cpu", 0.9).compile_payback(500) is None
@@ -261,3 +339,27 @@ def test_image_data_counts_classes_and_the_majority_floor():
     assert data.majority_share == 0.75 and "75.0%" in repr(data)
     with pytest.raises(ValueError):
         data.class_counts("val")
+
+
+def fake_steps(per_call, items, rounds=20):
+    """A Comparison of step times: name -> (first half's, second half's) seconds per call, rounds alternating."""
+    measurements = {
+        name: Measurement(name, tuple(a if i % 2 else b for i in range(rounds)), 1, "cpu", 1, items[name])
+        for name, (a, b) in per_call.items()
+    }
+    base = next(iter(per_call))
+    rows = tuple(
+        paired_row(m, measurements[base], min_effect=0.05, scale=items[name], base_scale=items[base])
+        for name, m in measurements.items()
+    )
+    return Comparison("steps", base, rows, rounds, "cpu", 1, 0.05, per_item=True)
+
+
+def test_a_training_step_is_the_runs_step_from_mid_schedule_on_its_own_pipeline():
+    data = tiny_data()
+    for config in (TINY, dataclasses.replace(TINY, on_device_data=False, lookahead=True, whitening=True)):
+        step = make_training_step(config, data, seed=0, device="cpu")
+        for _ in range(3 * len(data.train_labels) // config.batch_size + 1):  # over three epoch boundaries
+            assert step() is None
+    with pytest.raises(TypeError):
+        make_training_step(TINY, "data")

@@ -2,12 +2,14 @@
 
 Modules: ``airbench`` (the network, its whitening init, the published records), ``config`` (``LadderConfig``:
 the rungs are its fields), ``images`` (the photos or CIFAR-10 as tensors, and batch augmentation),
-``run`` (``run_ladder``, ``run_to_target``: one training function for every rung), ``results`` (each rung's
+``run`` (``run_ladder``, ``run_to_target``: one training function for every rung; ``make_training_step``: one
+of its steps per call, to time), ``results`` (each rung's
 runs over seeds and its verdict).
 """
 
 from tricks_lib.ladder.airbench import (
     AIRBENCH94_WIDTHS,
+    TRAINING_FLOPS_PER_FORWARD,
     Airbench94,
     PublishedRecord,
     RecordComparison,
@@ -17,13 +19,21 @@ from tricks_lib.ladder.airbench import (
 )
 from tricks_lib.ladder.config import LadderConfig, TargetTrace, TrainingRun
 from tricks_lib.ladder.images import HostAugmentedDataset, ImageData, augment_batch, cifar10_data, photo_data
-from tricks_lib.ladder.results import CompilePayback, Ladder, LadderReading, Rung, RungResult
-from tricks_lib.ladder.run import lr_factor, run_ladder, run_to_target, train_to_target, unsupported_reason
+from tricks_lib.ladder.results import CompilePayback, EpochsChange, Ladder, LadderReading, Rung, RungResult
+from tricks_lib.ladder.run import (
+    lr_factor,
+    make_training_step,
+    run_ladder,
+    run_to_target,
+    train_to_target,
+    unsupported_reason,
+)
 
 __all__ = [
     "AIRBENCH94_WIDTHS",
     "Airbench94",
     "CompilePayback",
+    "EpochsChange",
     "HostAugmentedDataset",
     "ImageData",
     "Ladder",
@@ -33,6 +43,7 @@ __all__ = [
     "RecordComparison",
     "Rung",
     "RungResult",
+    "TRAINING_FLOPS_PER_FORWARD",
     "TargetTrace",
     "TrainingRun",
     "airbench94_parameter_count",
@@ -41,6 +52,7 @@ __all__ = [
     "init_whitening",
     "lr_factor",
     "make_airbench94",
+    "make_training_step",
     "photo_data",
     "run_ladder",
     "run_to_target",

@@ -1,9 +1,11 @@
 """airbench94's network, as a builder with a width multiplier so that CPU runs stay small.
 
 The network of Keller Jordan's airbench (github.com/KellerJordan/cifar10-airbench, ``airbench94.py``;
-paper: "94% on CIFAR-10 in 3.29 Seconds on a Single GPU", arXiv:2404.00498), the record holder for
-fast CIFAR-10 training: 94.01% mean accuracy in 3.83 s on one A100 (3.09 s compiled, README of the
-repository). Its layers, for 32x32 RGB inputs at width multiplier 1:
+paper: "94% on CIFAR-10 in 3.29 Seconds on a Single GPU", 2024, arXiv:2404.00498), scripts that train
+CIFAR-10 fast. Its README (2024-2025) gives 94.01% mean accuracy in 2.59 s on one A100 for
+``airbench94_muon.py`` (its fastest since November 2024; the Muon optimizer, 8 epochs), and keeps the
+paper's scripts under ``legacy/``: 3.83 s eager and 3.09 s compiled (3.29 s in the paper's title), 9.9
+epochs. All three train this network. Its layers, for 32x32 RGB inputs at width multiplier 1:
 
 * a 2x2 "whitening" convolution, 3 -> 24 channels, no padding, with a bias (31x31 out), then GELU;
   its weights are set from the training images' patch covariance (``init_whitening``) and frozen;
@@ -32,6 +34,7 @@ __all__ = [
     "Airbench94",
     "PublishedRecord",
     "RecordComparison",
+    "TRAINING_FLOPS_PER_FORWARD",
     "airbench94_parameter_count",
     "init_whitening",
     "make_airbench94",
@@ -199,24 +202,55 @@ def init_whitening(layer: nn.Conv2d, images: torch.Tensor, *, eps: float = 5e-4)
     layer.weight.copy_(torch.cat((scaled, -scaled)).to(layer.weight.dtype))
 
 
+# A training step's FLOPs per image, in forward passes: the backward computes about two products for each
+# one of the forward (the gradient of the input and of the weights). airbench's README agrees: 0.36 PFLOPs
+# for 9.9 epochs of 50,000 images is 3.1 times its network's 236 MFLOPs forward per image.
+TRAINING_FLOPS_PER_FORWARD = 3
+
+
 @dataclass(frozen=True)
 class PublishedRecord:
-    """A published time to 94% on CIFAR-10: cited, never measured here."""
+    """A published time to 94% on CIFAR-10: cited, never measured here.
+
+    ``flops_per_image`` is its network's forward FLOPs per 32x32 image, counted as ``count_flops`` counts
+    (a multiply-add is 2 FLOPs); ``source`` says who published it, where and when.
+    """
 
     name: str
     seconds: float  # wall time to 94%, as published
     gpu: str
     train_images: float | None = None  # images trained in that time (epochs x 50,000), where the source says
+    flops_per_image: float | None = None
+    source: str = ""
+    network: str = "width 1"  # what it trained: airbench94's network at width 1, unless named
 
     @property
     def images_per_second(self) -> float | None:
         return None if self.train_images is None else self.train_images / self.seconds
 
+    @property
+    def training_flops_per_second(self) -> float | None:
+        """Training FLOP/s: images/s times ``TRAINING_FLOPS_PER_FORWARD`` forward passes (None: not known)."""
+        rate = self.images_per_second
+        if rate is None or self.flops_per_image is None:
+            return None
+        return rate * TRAINING_FLOPS_PER_FORWARD * self.flops_per_image
+
+
+def _flops_rate(flops_per_second: float | None) -> str:
+    if flops_per_second is None:
+        return "-"
+    if flops_per_second >= 1e12:
+        return f"{flops_per_second / 1e12:,.1f} TFLOP/s"
+    return f"{flops_per_second / 1e9:,.1f} GFLOP/s"
+
 
 @dataclass(frozen=True)
 class RecordComparison:
-    """This run's top rung next to published records: its time to target only where the task is theirs
-    (CIFAR-10, width 1, a 94% target), its training throughput always, and how many times the records'."""
+    """This run next to published records: its time to target only where the task is theirs (CIFAR-10, width
+    1, a 94% target); its training throughput always, compared per FLOP, since a narrower network trains more
+    images per second for the same arithmetic rate (images/s times the forward FLOPs per image times
+    ``TRAINING_FLOPS_PER_FORWARD``)."""
 
     device: str  # this run's device, in words
     data: str
@@ -224,30 +258,50 @@ class RecordComparison:
     target: float
     seconds: float | None  # this run's mean time to target (None: a seed missed it)
     images_per_second: float  # this run's training throughput
+    flops_per_image: float  # this run's forward FLOPs per image (``count_flops`` on its network)
     records: tuple[PublishedRecord, ...]
+    run: str = "this run"  # how the table names this run (e.g. which rung)
+
+    def __post_init__(self) -> None:
+        check_positive(self.images_per_second, "images_per_second", allow_none=False)
+        check_positive(self.flops_per_image, "flops_per_image", allow_none=False)
 
     @property
     def same_task(self) -> bool:
         """True when this run trained what the records did: CIFAR-10 at width 1 to at least 94%."""
         return self.data == "CIFAR-10" and self.width == 1.0 and self.target >= 0.94
 
+    @property
+    def training_flops_per_second(self) -> float:
+        return self.images_per_second * TRAINING_FLOPS_PER_FORWARD * self.flops_per_image
+
+    def per_flop(self, record: PublishedRecord) -> float | None:
+        """The record's training FLOP/s over this run's (None: the record's is not known)."""
+        theirs = record.training_flops_per_second
+        return None if theirs is None else theirs / self.training_flops_per_second
+
     def rows(self) -> list[list[str]]:
         mine = "-" if self.seconds is None or not self.same_task else f"{format_seconds(self.seconds)}"
-        rows = [["this run (top rung)", self.device, f"{self.data}, width {self.width:g}", f"{self.target:.0%}", mine,
-                 f"{self.images_per_second:,.0f}", "1x"]]  # fmt: skip
+        rows = [[self.run, self.device, f"{self.data}, width {self.width:g}", f"{self.target:.0%}", mine,
+                 f"{self.images_per_second:,.0f}", f"{self.flops_per_image / 1e6:,.1f}",
+                 _flops_rate(self.training_flops_per_second), "1x"]]  # fmt: skip
         for r in self.records:
-            rate = r.images_per_second
-            ratio = "-" if rate is None else f"{rate / self.images_per_second:,.1f}x"
-            rows.append([f"{r.name} (published)", r.gpu, "CIFAR-10, width 1", "94%", format_seconds(r.seconds),
-                         "-" if rate is None else f"{rate:,.0f}", ratio])  # fmt: skip
+            rate, ratio = r.images_per_second, self.per_flop(r)
+            rows.append([f"{r.name} (published)", r.gpu, f"CIFAR-10, {r.network}", "94%", format_seconds(r.seconds),
+                         "-" if rate is None else f"{rate:,.0f}",
+                         "-" if r.flops_per_image is None else f"{r.flops_per_image / 1e6:,.1f}",
+                         _flops_rate(r.training_flops_per_second), "-" if ratio is None else f"{ratio:,.0f}x"])  # fmt: skip
         return rows
 
     def _repr_markdown_(self) -> str:
-        header = ["run", "device", "data", "target", "time to target", "train images/s", "throughput vs this run"]
+        header = ["run", "device", "data", "target", "time to target", "train images/s", "forward MFLOPs per image",
+                  f"training FLOP/s ({TRAINING_FLOPS_PER_FORWARD}x forward)", "FLOP/s vs this run"]  # fmt: skip
         note = "" if self.same_task else (
-            "\n\nDifferent data, width or target: only the throughput compares, and it is not a record."
+            "\n\nDifferent data, width or target: no time to target compares, only the arithmetic rate, and it is "
+            "not a record."
         )  # fmt: skip
-        return markdown_table(header, self.rows()) + note
+        sources = "".join(f"\n- {r.name}: {r.source}" for r in self.records if r.source)
+        return markdown_table(header, self.rows()) + note + (f"\n\nSources:{sources}" if sources else "")
 
     def __repr__(self) -> str:
         return self._repr_markdown_()

@@ -3,6 +3,10 @@
 ``Ladder`` reads a rung against the rung before it: "faster" or "slower" only when the seeds' times
 do not overlap; a rung that reused a graph the rung before compiled (one process runs the whole
 ladder) is compared without the compile on both sides, since a reader's fresh process pays it again.
+Time to target is epochs to target times the time per epoch: ``Ladder.epochs_change`` reads the first,
+seed by seed (``EpochsChange``, an exact sign test), and a paired step comparison (``make_training_step``
+with ``compare``) reads the second. ``Ladder.reading`` reads the stack at the fastest rung that reached
+the target in every seed, and lists the rungs that missed it.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
@@ -21,7 +25,12 @@ from tricks_lib.formatting import format_bytes, format_seconds, markdown_table
 from tricks_lib.ladder.config import LadderConfig, TrainingRun
 from tricks_lib.outcome import Outcome, SummaryRow
 
-__all__ = ["CompilePayback", "Ladder", "LadderReading", "Rung", "RungResult"]
+if TYPE_CHECKING:
+    from tricks_lib.measurements import Comparison
+
+__all__ = ["CompilePayback", "EpochsChange", "Ladder", "LadderReading", "Rung", "RungResult"]
+
+EPOCHS_LEVEL = 0.05  # a change in epochs to target is read when its two-sided sign test has p at or below this
 
 
 @dataclass(frozen=True)
@@ -83,6 +92,11 @@ class RungResult:
     def reached(self) -> int:
         """Seeds that reached the target."""
         return sum(r.time_to_target is not None for r in self.runs)
+
+    @property
+    def epochs(self) -> tuple[int | None, ...]:
+        """Epochs to target per seed (None: that seed missed the target)."""
+        return tuple(r.trace.epochs_to_target for r in self.runs)
 
     @property
     def times(self) -> tuple[float, ...]:
@@ -167,7 +181,7 @@ class Ladder:
         before = None if self[name].skipped else self.previous(name)
         return None if before is None else before.name
 
-    def _read(self, name: str, reference: str | None, label: str) -> tuple[Outcome | None, str]:
+    def _read(self, name: str, reference: str | None, label: str, *, fresh: bool = False) -> tuple[Outcome | None, str]:
         rung = self[name]
         if rung.skipped:
             return None, f"skipped: {rung.skip_reason}"
@@ -179,7 +193,11 @@ class Ladder:
         if before.mean_time is None:
             return None, f"reached the target in every seed ({label} did not)"
         mine, theirs, note = rung.times, before.times, ""
-        if _reused_compile(before, rung):
+        if fresh:  # both as a fresh process pays them: a reused graph's compile is added back
+            mine, theirs = self.fresh_times(name), self.fresh_times(reference)
+            paid = self._paid_compile(rung)
+            note = "" if paid is None else f", the compile {paid.name} paid added back: a fresh process pays it"
+        elif _reused_compile(before, rung):
             # The rung before paid the compile; this one reused its graph from the same process, which a
             # reader's fresh process would not: compare the training time after the compile on both sides.
             mine, theirs = _after_compile(rung), _after_compile(before)
@@ -191,26 +209,87 @@ class Ladder:
             return Outcome.SLOWER, f"{1 / ratio:.2f}x slower to target than {label} (no seed overlap{note})"
         return Outcome.NOT_SIGNIFICANT, f"no clear change ({ratio:.2f}x; the seeds' times overlap{note})"
 
+    def epochs_change(self, name: str, reference: str | None = None) -> EpochsChange | None:
+        """``name``'s epochs to target against ``reference`` (default: the rung before it), seed by seed.
+
+        Returns:
+            An ``EpochsChange``; None for a skipped rung, or for the first rung without a ``reference``.
+
+        Raises:
+            KeyError: an unknown rung. ValueError: the two rungs did not train the same seeds.
+        """
+        rung = self[name]
+        if rung.skipped:
+            return None
+        before = self.previous(name) if reference is None else self[reference]
+        if before is None:
+            return None
+        if [r.seed for r in rung.runs] != [r.seed for r in before.runs]:
+            raise ValueError(f"{name!r} and {before.name!r} trained other seeds: their epochs do not pair up")
+        return EpochsChange(name, before.name, tuple(zip(before.epochs, rung.epochs)))
+
+    def _paid_compile(self, rung: RungResult) -> RungResult | None:
+        """The first compiled rung, when ``rung`` comes after it and reused its graph (None otherwise)."""
+        if rung.mean("compile_seconds") is None:  # eager, or skipped
+            return None
+        first = next(r for r in self.ran if r.mean("compile_seconds") is not None)
+        return first if first is not rung and _reused_compile(first, rung) else None
+
+    def fresh_times(self, name: str) -> tuple[float, ...]:
+        """Time to target per seed that reached it, as a reader's fresh process pays it: a rung that reused the
+        graph the first compiled rung compiled in this process gets that rung's compile of the same seed added."""
+        rung = self[name]
+        paid = self._paid_compile(rung)
+        if paid is None:
+            return rung.times
+        return tuple(
+            r.time_to_target + (p.compile_seconds or 0.0)
+            for r, p in zip(rung.runs, paid.runs)
+            if r.time_to_target is not None
+        )
+
+    def best(self) -> str | None:
+        """The rung with the least mean time to target (as a fresh process pays it, ``fresh_times``) among the
+        rungs that reached the target in every seed; None when none did."""
+        every_seed = [r.name for r in self.ran if r.mean_time is not None]
+        return min(every_seed, key=lambda n: statistics.fmean(self.fresh_times(n)), default=None)
+
     def reading(self) -> LadderReading:
         """The ladder's verdicts grouped: which rungs bought time, which cost time, which changed nothing
-        clearly, which missed the target or were skipped, and the top rung against the baseline."""
+        clearly, which missed the target or were skipped, and the stack read at its fastest rung that
+        reached the target in every seed (``best``), against the baseline."""
         ran = self.ran[1:]
-        top, base = self.ran[-1].name, self.ran[0].name
+        best, base = self.best(), self.ran[0].name
+        if best is None:
+            stack = "no rung reached the target in every seed"
+        elif best == base:
+            stack = "no rung reached the target sooner on average than the baseline"
+        else:
+            stack = self._read(best, base, "the baseline", fresh=True)[1]
         return LadderReading(
             faster=tuple(r.name for r in ran if self.helped(r.name)),
             slower=tuple(r.name for r in ran if self.outcome(r.name) is Outcome.SLOWER),
             unclear=tuple(r.name for r in ran if self.outcome(r.name) is Outcome.NOT_SIGNIFICANT),
-            missed=tuple(r.name for r in self.ran if r.mean_time is None),
+            missed=tuple(
+                f"{r.name} ({len(r.runs) - r.reached} of {len(r.runs)} seeds)" for r in self.ran if r.mean_time is None
+            ),
             skipped=tuple(f"{r.name} ({r.skip_reason})" for r in self.rungs if r.skipped),
-            stack=self.verdict_against(top, base, label="the baseline") if top != base else "only the baseline ran",
-            top=top,
+            stack=stack,
+            best=best,
+            target=self.target,
         )
 
-    def compile_payback(self, images_per_epoch: int) -> CompilePayback | None:
+    def compile_payback(self, images_per_epoch: int, steps: Comparison | None = None) -> CompilePayback | None:
         """The first compiled rung's compile against the faster steps it buys (None: no compiled rung ran).
 
         Args:
             images_per_epoch: training images per epoch, to count the images one run trains.
+            steps: a ``compare`` of the rungs' training steps (variants named as the rungs, ``items`` their
+                batch sizes): the step speeds and the compiled step's paired verdict against the eager one
+                come from it. Without it, the speeds are the training runs' means (not paired, no verdict).
+
+        Raises:
+            ValueError: the compiled rung is the baseline. KeyError: ``steps`` lacks either rung.
         """
         check_positive(images_per_epoch, "images_per_epoch", allow_none=False, integer=True)
         compiled = next((r for r in self.ran if r.config is not None and r.config.compile), None)
@@ -220,13 +299,22 @@ class Ladder:
         if eager is None:
             raise ValueError(f"the compiled rung {compiled.name!r} is the baseline: nothing eager to compare with")
         epochs = compiled.runs[0].trace.epochs_to_target
+        speeds = (eager.mean("images_per_second"), compiled.mean("images_per_second"))
+        step = None
+        if steps is not None:
+            step = steps.versus(compiled.name, eager.name)
+            speeds = (steps[eager.name].measurement.items_per_second, step.measurement.items_per_second)
+            if None in speeds:
+                raise ValueError("steps must count the images of every step: compare(..., items={rung: batch size})")
         return CompilePayback(
             rung=compiled.name,
             compile_seconds=tuple(run.compile_seconds or 0.0 for run in compiled.runs),
             time_to_target=tuple(run.time_to_target for run in compiled.runs),
-            eager_images_per_second=eager.mean("images_per_second"),
-            compiled_images_per_second=compiled.mean("images_per_second"),
+            eager_images_per_second=speeds[0],
+            compiled_images_per_second=speeds[1],
             images_per_run=None if epochs is None else epochs * images_per_epoch,
+            step_verdict=None if step is None else step.verdict,
+            step_outcome=None if step is None else step.outcome,
         )
 
     def helped(self, name: str) -> bool:
@@ -365,10 +453,20 @@ class LadderReading:
     faster: tuple[str, ...]  # clearly faster than the rung before (no seed overlap)
     slower: tuple[str, ...]  # clearly slower than the rung before
     unclear: tuple[str, ...]  # the seeds' times overlap
-    missed: tuple[str, ...]  # a seed ended its schedule below the target
+    missed: tuple[str, ...]  # "name (k of n seeds)": a seed ended its schedule below the target
     skipped: tuple[str, ...]  # "name (reason)"
-    stack: str  # the top rung's verdict against the baseline
-    top: str  # the top rung that ran
+    stack: str  # the best rung's verdict against the baseline
+    best: str | None  # the fastest rung that reached the target in every seed (None: none did)
+    target: float
+
+    @property
+    def summary(self) -> str:
+        """The stack in one sentence: its fastest rung to the target in every seed, and the rungs that missed it."""
+        if self.best is None:
+            head = f"no rung reached {self.target:.0%} in every seed"
+        else:
+            head = f"fastest to {self.target:.0%} in every seed: {self.best}, {self.stack}"
+        return head + (f"; missed it in some seed: {_names(self.missed)}" if self.missed else "")
 
     def rows(self) -> list[list[str]]:
         return [
@@ -377,7 +475,7 @@ class LadderReading:
             ["no clear change", _names(self.unclear)],
             ["missed the target in some seed", _names(self.missed)],
             ["skipped here", _names(self.skipped)],
-            [f"top rung ({self.top}) against the baseline", self.stack],
+            [f"fastest rung to the target in every seed ({self.best or 'none'}) against the baseline", self.stack],
         ]
 
     def _repr_markdown_(self) -> str:
@@ -385,6 +483,72 @@ class LadderReading:
 
     def __repr__(self) -> str:
         return "\n".join(f"{k}: {v}" for k, v in self.rows())
+
+
+def _sign_test(fewer: int, more: int) -> float:
+    """Exact two-sided sign test: the chance of a split at least this uneven when either way is equally likely."""
+    n = fewer + more
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(min(fewer, more) + 1)) / 2**n
+    return min(1.0, 2 * tail)
+
+
+def _epochs(e: int | None) -> float:
+    return math.inf if e is None else e  # a seed that missed needs more epochs than the schedule has
+
+
+@dataclass(frozen=True)
+class EpochsChange:
+    """Epochs to target of one rung against a reference rung, seed by seed (the same seeds: paired).
+
+    A seed that missed the target counts as needing more epochs than the schedule has. The change is
+    read with an exact two-sided sign test over the seeds whose epochs differ: "fewer" or "more" only
+    when its p is at most ``EPOCHS_LEVEL`` (0.05). With n seeds the smallest p is 2 / 2**n, so it takes
+    at least 6 seeds, all moving the same way, to read a change.
+    """
+
+    rung: str
+    reference: str
+    pairs: tuple[tuple[int | None, int | None], ...]  # (reference's epochs, the rung's epochs) per seed
+
+    @property
+    def fewer(self) -> int:
+        return sum(_epochs(b) < _epochs(a) for a, b in self.pairs)
+
+    @property
+    def more(self) -> int:
+        return sum(_epochs(b) > _epochs(a) for a, b in self.pairs)
+
+    @property
+    def same(self) -> int:
+        return len(self.pairs) - self.fewer - self.more
+
+    @property
+    def p_value(self) -> float:
+        return _sign_test(self.fewer, self.more)
+
+    @property
+    def smallest_p(self) -> float:
+        """The smallest p these many seeds can give (every seed moving the same way)."""
+        return _sign_test(len(self.pairs), 0)
+
+    @property
+    def direction(self) -> str | None:
+        """ "fewer" or "more" epochs when the sign test reads a change, else None."""
+        if self.p_value > EPOCHS_LEVEL:
+            return None
+        return "fewer" if self.fewer > self.more else "more"
+
+    @property
+    def verdict(self) -> str:
+        counts = f"fewer in {self.fewer}, more in {self.more}, same in {self.same} of {len(self.pairs)} seeds"
+        if self.direction is None:
+            return f"no clear change in epochs ({counts}; sign test p = {self.p_value:.2f})"
+        return f"{self.direction} epochs than {self.reference} ({counts}; sign test p = {self.p_value:.3f})"
+
+    def __repr__(self) -> str:
+        return f"EpochsChange({self.rung} vs {self.reference}: {self.verdict})"
 
 
 @dataclass(frozen=True)
@@ -397,10 +561,16 @@ class CompilePayback:
     eager_images_per_second: float  # the rung before (eager), compile excluded
     compiled_images_per_second: float
     images_per_run: int | None  # images the first seed trained to reach the target (None: it missed)
+    # The compiled step against the eager one from a paired step comparison (None: speeds from the runs, unpaired)
+    step_verdict: str | None = None
+    step_outcome: Outcome | None = None
 
     @property
     def images_to_pay_back(self) -> float | None:
-        """Training images after which the first seed's compile is repaid; None: the compiled step is not faster."""
+        """Training images after which the first seed's compile is repaid; None: the compiled step is not faster
+        (with a paired step comparison: not significantly faster)."""
+        if self.step_outcome is not None and self.step_outcome is not Outcome.FASTER:
+            return None
         saved = 1 / self.eager_images_per_second - 1 / self.compiled_images_per_second  # seconds per image
         return self.compile_seconds[0] / saved if saved > 0 else None
 
@@ -418,8 +588,9 @@ class CompilePayback:
             ["compile seconds per seed", ", ".join(format_seconds(s) for s in self.compile_seconds)],
             ["share of time to target", ", ".join("-" if t is None else f"{c / t:.0%}"
                                                   for c, t in zip(self.compile_seconds, self.time_to_target))],
-            ["train images/s eager -> compiled",
+            ["train images/s eager -> compiled" + (" (training runs)" if self.step_verdict is None else " (steps)"),
              f"{self.eager_images_per_second:,.0f} -> {self.compiled_images_per_second:,.0f}"],
+            *([] if self.step_verdict is None else [["compiled step against the eager one (paired)", self.step_verdict]]),
             ["images until the cold compile is paid back",
              "never: the compiled step is not faster" if need is None else f"{need:,.0f}"],
             ["images one run trains here", "-" if self.images_per_run is None else f"{self.images_per_run:,}"],

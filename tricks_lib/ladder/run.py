@@ -35,7 +35,7 @@ from tricks_lib.memory import measure_memory
 from tricks_lib.progress import optional_progress_bar
 from tricks_lib.timing import time_first_call
 
-__all__ = ["lr_factor", "run_ladder", "run_to_target", "train_to_target", "unsupported_reason"]
+__all__ = ["lr_factor", "make_training_step", "run_ladder", "run_to_target", "train_to_target", "unsupported_reason"]
 
 
 def lr_factor(step: int, total_steps: int, warmup_fraction: float, *, start: float = 0.2, end: float = 0.07) -> float:
@@ -250,22 +250,78 @@ def _step(run: _Training, x: torch.Tensor, y: torch.Tensor) -> None:
     run.scheduler.step()
 
 
-def _train_epoch(run: _Training, epoch: int) -> None:
-    """One epoch of steps; the run's very first step is timed on its own (it holds the compile time)."""
-    config, total_steps = run.config, run.total_steps
+def _after_step(run: _Training) -> None:
+    """Count the step; every 5th step from 30% of the schedule, airbench's lookahead EMA (when the config has it)."""
+    run.steps_done += 1
+    steps, total = run.steps_done, run.total_steps
+    if run.config.lookahead and steps >= 0.3 * total and steps % 5 == 0:
+        run.lookahead = _lookahead_update(run.model, run.lookahead, (0.95**5) * (steps / total) ** 3)
+
+
+def _start_epoch(run: _Training, epoch: int) -> None:
     run.model.train()
     # airbench trains the whitening layer's bias for the first 3 of its 9.9 epochs, then freezes it
-    run.whiten_bias_frozen = config.whitening and epoch >= max(1, round(config.epochs * 0.3))
+    run.whiten_bias_frozen = run.config.whitening and epoch >= max(1, round(run.config.epochs * 0.3))
+
+
+def _train_epoch(run: _Training, epoch: int) -> None:
+    """One epoch of steps; the run's very first step is timed on its own (it holds the compile time)."""
+    _start_epoch(run, epoch)
     for x, y in _batches(run):
         if run.steps_done == 0:
             run.first_step_seconds = time_first_call(lambda x=x, y=y: _step(run, x, y), device=run.device)
         else:
             _step(run, x, y)
-        run.steps_done += 1
-        if config.lookahead and run.steps_done >= 0.3 * total_steps and run.steps_done % 5 == 0:
-            run.lookahead = _lookahead_update(run.model, run.lookahead, (0.95**5) * (run.steps_done / total_steps) ** 3)
+        _after_step(run)
     if run.lookahead is not None:
         _lookahead_update(run.model, run.lookahead, 1.0)
+
+
+def make_training_step(
+    config: LadderConfig, data: ImageData, *, seed: int = 0, device: str | torch.device | None = None
+) -> Callable[[], None]:
+    """A zero-argument callable that runs one of ``config``'s training steps per call, for timing throughput.
+
+    Each call takes the next batch from the rung's own input pipeline (the host ``DataLoader``, or the
+    images already on the device) and runs the same step ``train_to_target`` runs: forward, loss,
+    backward, optimizer and schedule, lookahead. The steps continue from the middle of the schedule, so
+    what acts only later in a run (lookahead from 30% of the steps, the whitening bias frozen after 30%
+    of the epochs) is on, as in most of a run's steps (past the schedule's end they go back to its
+    middle, at an epoch's start). A new epoch's work (the loader's new iterator, or
+    the on-device augmentation and shuffle of the whole training set) runs inside the call that needs
+    its first batch. With ``compile``, the first call compiles: warm it up before timing (``compare`` does).
+
+    Args:
+        config: the rung's configuration.
+        data: the training images (the test images are moved to the device but not used).
+        seed: fixes the weights, the shuffling and the augmentation.
+        device: where to train (default ``pick_device()``).
+
+    Returns:
+        The step; it returns None (its loss stays on the device: no host sync beyond the step's own).
+    """
+    if not isinstance(config, LadderConfig) or not isinstance(data, ImageData):
+        raise TypeError("make_training_step(config, data) needs a LadderConfig and an ImageData")
+    dev = pick_device(device) if device is not None else pick_device()
+    run, _ = _set_up_training(config, data, seed, dev)
+    run.steps_done = run.total_steps // 2
+    batches = iter(())
+
+    def step() -> None:
+        nonlocal batches
+        batch = next(batches, None)
+        if batch is None:  # the epoch's end as _train_epoch ends it; the next epoch's batches start here
+            if run.lookahead is not None:
+                _lookahead_update(run.model, run.lookahead, 1.0)
+            if run.steps_done >= run.total_steps:  # past the schedule: back to its middle, so it never ends
+                run.steps_done = run.total_steps // 2
+            _start_epoch(run, run.steps_done // run.steps_per_epoch)
+            batches = _batches(run)
+            batch = next(batches)
+        _step(run, *batch)
+        _after_step(run)
+
+    return step
 
 
 def _evaluate(run: _Training) -> float:

@@ -1,4 +1,4 @@
-"""count_flops against analytic counts; the ShuffleNet V2 memory access cost formula."""
+"""count_flops against analytic counts; the ShuffleNet V2 memory access cost formula; element-wise traffic."""
 
 import pytest
 import torch
@@ -8,6 +8,7 @@ from torch import nn
 from tricks_lib.design.flops import (
     conv1x1_memory_access_cost,
     conv_memory_access_cost,
+    count_elementwise_access,
     count_flops,
     count_memory_access,
 )
@@ -29,10 +30,80 @@ def test_linear_flops():
     assert count_flops(nn.Linear(7, 5), torch.randn(4, 7)) == 2 * 4 * 7 * 5
 
 
+def test_multihead_attention_counts_its_projections_and_matmuls():
+    # A 1x64x128 block with 4 heads of 32 channels, by hand, in multiply-adds:
+    #   q, k, v and output projections: 4 * (64 tokens * 128 * 128)   = 4,194,304
+    #   scores q k^T: 4 heads * 64 * 64 * 32                          =   524,288
+    #   weighted sum of v: 4 heads * 64 * 64 * 32                     =   524,288
+    # total 5,242,880 multiply-adds = 10,485,760 FLOPs (softmax, scaling and biases count 0).
+    n, c, heads = 64, 128, 4
+    by_hand = 2 * (4 * n * c * c + 2 * heads * n * n * (c // heads))
+    assert by_hand == 10_485_760
+    attention = nn.MultiheadAttention(c, heads, batch_first=True).eval()  # eval: the fused fast path's mode
+    tokens = torch.randn(1, n, c)
+    fast_path = torch.backends.mha.get_fastpath_enabled()
+    assert count_flops(attention, tokens, tokens, tokens) == by_hand
+    assert torch.backends.mha.get_fastpath_enabled() == fast_path and not attention.training
+
+    class SdpaAttention(nn.Module):  # need_weights=False runs scaled_dot_product_attention's fused CPU kernel
+        def __init__(self):
+            super().__init__()
+            self.attention = nn.MultiheadAttention(c, heads, batch_first=True)
+
+        def forward(self, x):
+            return self.attention(x, x, x, need_weights=False)[0]
+
+    assert count_flops(SdpaAttention(), tokens) == by_hand
+    frozen = nn.MultiheadAttention(c, heads, batch_first=True).requires_grad_(False).eval()
+    assert count_flops(frozen, tokens, tokens, tokens) == by_hand  # no parameter needs grad: still decomposed
+
+
+def test_counting_leaves_batchnorm_statistics_alone():
+    net = nn.Sequential(nn.Conv2d(2, 4, 1), nn.BatchNorm2d(4)).train()
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    x = torch.randn(3, 2, 5, 5) * 10 + 3
+    count_flops(net, x)
+    count_memory_access(net, x)
+    count_elementwise_access(net, x)
+    assert all(torch.equal(before[k], v) for k, v in net.state_dict().items()) and net.training
+
+
+def test_elementwise_access_counts_reads_and_writes():
+    class ReluAdd(nn.Module):
+        def forward(self, x):
+            return torch.relu(x) + x  # relu: reads n, writes n; add: reads 2n, writes n
+
+    x = torch.randn(2, 3, 4, 5)
+    assert count_elementwise_access(ReluAdd(), x) == 5 * x.numel()
+    assert count_elementwise_access(nn.ReLU(inplace=True), x.clone()) == 2 * x.numel()  # relu_: read, write
+    assert count_elementwise_access(nn.Conv2d(3, 3, 1, bias=False), x) == 0  # counted by count_memory_access
+    net = nn.Sequential(nn.Conv2d(3, 4, 1, bias=False), nn.ReLU(), nn.Conv2d(4, 3, 1, bias=False))
+    assert count_elementwise_access(net, x) == 2 * (2 * 4 * 4 * 5)  # only the ReLU on (2, 4, 4, 5)
+
+
+def test_elementwise_access_sees_the_g4_switches_that_flops_cannot():
+    from tricks_lib.design.probe_blocks import bottleneck_net, probe_input
+
+    c, size = 4, 6
+    nets = {
+        (relu, shortcut): bottleneck_net(c, relu=relu, shortcut=shortcut, depth=1)
+        for relu in (True, False)
+        for shortcut in (True, False)
+    }
+    x = probe_input(nets[True, True], size=size)
+    traffic = {key: count_elementwise_access(net, x) for key, net in nets.items()}
+    hw = size * size
+    relu = 2 * (c + c + 4 * c) * hw  # three ReLUs on (c, c, 4c) channels, each read and written once
+    shortcut = 3 * 4 * c * hw  # the addition reads two 4c maps and writes one
+    assert traffic == {(True, True): relu + shortcut, (True, False): relu, (False, True): shortcut, (False, False): 0}
+    assert len({count_flops(net, x) for net in nets.values()}) == 1  # FLOPs cannot tell them apart
+
+
 def test_count_flops_restores_thread_count():
     threads = torch.get_num_threads()
     count_flops(nn.Linear(3, 3), torch.randn(2, 3))
     count_memory_access(nn.Linear(3, 3), torch.randn(2, 3))
+    count_elementwise_access(nn.ReLU(), torch.randn(2, 3))
     assert torch.get_num_threads() == threads
 
 
@@ -98,6 +169,10 @@ def test_rank_by_flops_reads_every_pair_in_flop_order():
     assert [r[0] for r in ranking.rows] == ["a", "b", "c", "d"]
     assert ranking.flops_rho == pytest.approx(0.8) and ranking.mac_rho == pytest.approx(-0.8)
     assert "1 significantly misranked" in ranking.summary and "a slower than b" in ranking._repr_markdown_()
+    # FLOP rates: a 1 FLOP / 3 ms, b 2 / 2 ms, c 3 / 4 ms, d 4 / 4.01 ms; slowest a, fastest d
+    low, high = ranking.flop_rates
+    assert low == pytest.approx(1 / 3e-3, rel=0.01) and high == pytest.approx(4 / 4.01e-3, rel=0.01)
+    assert f"{high / low:.1f}x apart" in ranking.summary
     with pytest.raises(KeyError):
         rank_by_flops(cmp_, {"a": 1}, flops)
     with pytest.raises(ValueError):

@@ -173,7 +173,8 @@ def test_a_comparison_fills_its_rows_interval_significance_and_outcome_itself():
 
 
 def test_a_verdict_row_with_cells_before_its_verdict_keeps_them_in_the_summary(tmp_path, monkeypatch):
-    # 01's table is (trick, vs, warm, cold, not faster here, limits): its "measured" cell alone is "-"
+    # A table with cells before its verdict (01 had trick, vs, warm, cold, not faster here, limits): the "measured"
+    # cell alone can be "-"
     # for a trick faster everywhere, which the summary printed as the whole verdict.
     from tricks_lib.report.summary import summary_rows
     from tricks_lib.report.verdicts import VerdictTable

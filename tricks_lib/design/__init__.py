@@ -1,10 +1,10 @@
 """Model design: what FLOPs miss, the probe blocks of ShuffleNetV2's and TRT-ViT's guidelines, pruning, distillation.
 
-Modules: ``flops`` (FLOPs and memory access cost with ``FlopCounterMode``; ranking by FLOPs vs latency),
-``probe_blocks`` (the equal-FLOP probe networks of ShuffleNet V2's guidelines), ``probe_tables`` (the paper's
-Tables 1-4 and this machine's timings read against them), ``hybrid_probes`` (TRT-ViT-style conv/transformer
-networks of equal FLOPs), ``pruning`` (magnitude pruning sweeps and structured channel slicing), ``distill``
-(the distillation loss and its gains over seeds).
+Modules: ``flops`` (FLOPs with ``FlopCounterMode``, memory access of conv layers and of element-wise ops;
+ranking by FLOPs vs latency), ``probe_blocks`` (the equal-FLOP probe networks of ShuffleNet V2's guidelines),
+``probe_tables`` (the paper's Tables 1-4 and this machine's timings read against them), ``hybrid_probes``
+(TRT-ViT-style conv/transformer networks of equal FLOPs), ``pruning`` (magnitude pruning sweeps and structured
+channel slicing), ``distill`` (the distillation loss and its gains over seeds).
 """
 
 from tricks_lib.design.distill import DistillationGains, distillation_gains, distillation_loss, paired_gain_verdict
@@ -12,6 +12,7 @@ from tricks_lib.design.flops import (
     FlopRanking,
     conv1x1_memory_access_cost,
     conv_memory_access_cost,
+    count_elementwise_access,
     count_flops,
     count_memory_access,
     rank_by_flops,
@@ -49,6 +50,7 @@ __all__ = [
     "channel_ratio_net",
     "conv1x1_memory_access_cost",
     "conv_memory_access_cost",
+    "count_elementwise_access",
     "count_flops",
     "count_memory_access",
     "distillation_gains",

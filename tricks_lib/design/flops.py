@@ -12,15 +12,18 @@
   ``hw(c1 + c2) + c1 c2 / g``.
 * ``count_memory_access(module, *inputs)``: the same model summed over a whole network's convolution
   and linear layers in one forward pass (input, output and weights of each, measured with hooks).
+* ``count_elementwise_access(module, *inputs)``: the elements that element-wise ops (ReLU, additions,
+  multiplications, ...) read and write in one forward pass: the traffic that guideline G4 of
+  ShuffleNet V2 is about, which neither of the two counters above sees.
 * ``rank_by_flops(comparison, flops, mac)``: how well FLOPs order timed models, every pair read from
   the same paired rounds (a ``FlopRanking``, which renders as a table).
 
-Both counters run their forward pass on one intra-op thread (restored afterwards): the counts do not
+Every counter runs its forward pass on one intra-op thread (restored afterwards): the counts do not
 depend on it, and on a busy machine two threads spend far longer synchronizing than computing.
 
-Only convolutions, matmuls and a few other ops are counted by ``FlopCounterMode``: element-wise ops
-(ReLU, additions, BatchNorm in eval mode) count zero, which is exactly the blind spot guideline G4
-of ShuffleNet V2 is about.
+``FlopCounterMode`` counts convolutions, matmuls and attention kernels: element-wise ops (ReLU,
+additions, BatchNorm in eval mode) count zero, which is the blind spot guideline G4 is about and the
+reason ``count_elementwise_access`` exists.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from tricks_lib.formatting import format_seconds, markdown_table
@@ -43,6 +48,7 @@ __all__ = [
     "FlopRanking",
     "conv1x1_memory_access_cost",
     "conv_memory_access_cost",
+    "count_elementwise_access",
     "count_flops",
     "count_memory_access",
     "rank_by_flops",
@@ -69,13 +75,54 @@ def _one_thread():
         torch.set_num_threads(threads)
 
 
-def count_flops(module: nn.Module, *inputs: torch.Tensor) -> int:
-    """FLOPs of one forward pass of ``module(*inputs)``, in eval mode and without autograd.
+def _sdpa_cpu_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    """FLOPs of ``scaled_dot_product_attention``'s CPU kernel: the same formula torch registers for its GPU ones."""
+    from torch.utils.flop_counter import sdpa_flop_count
 
-    A multiply-add is 2 FLOPs. Fused kernels without a registered formula count 0: on a CPU that
-    includes ``nn.MultiheadAttention``'s fast path and ``scaled_dot_product_attention`` (torch 2.14),
-    so write attention as matmuls where its FLOPs matter. The module's training flag is restored afterwards, so counting never
-    changes how a model later trains.
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+def _flop_formulas() -> dict:
+    """Formulas ``FlopCounterMode`` lacks (torch 2.14): the CPU kernel of ``scaled_dot_product_attention``, which
+    it would count as 0."""
+    op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    return {} if op is None else {op: _sdpa_cpu_flops}
+
+
+@contextlib.contextmanager
+def _counting_forward(module: nn.Module):
+    """Eval mode (BatchNorm statistics and dropout untouched), autograd on and the attention fast path off, one
+    thread; the training flag, the fast-path switch and the thread count are restored afterwards.
+
+    ``nn.MultiheadAttention`` and ``nn.TransformerEncoderLayer`` take a fused inference kernel in eval mode
+    without autograd, whose FLOPs no counter sees; with autograd on and the fast path off they run the
+    decomposed matmuls that a training forward runs.
+    """
+    was_training = module.training
+    mha = getattr(torch.backends, "mha", None)
+    fast_path = mha.get_fastpath_enabled() if mha is not None else None
+    module.eval()
+    try:
+        if mha is not None:
+            mha.set_fastpath_enabled(False)
+        with torch.enable_grad(), _one_thread():
+            yield
+    finally:
+        if mha is not None:
+            mha.set_fastpath_enabled(fast_path)
+        module.train(was_training)
+
+
+def count_flops(module: nn.Module, *inputs: torch.Tensor) -> int:
+    """FLOPs of one forward pass of ``module(*inputs)``, counted on the ops a training forward runs.
+
+    A multiply-add is 2 FLOPs. The forward runs in eval mode (BatchNorm statistics and dropout untouched)
+    but with autograd on and PyTorch's attention fast path off, so ``nn.MultiheadAttention`` runs its
+    projections and matmuls (a 1x64x128, 4-head block: 10,485,760 FLOPs) instead of a fused inference
+    kernel that would count 0; ``scaled_dot_product_attention``'s CPU kernel is counted with the formula
+    torch uses for its GPU kernels. Element-wise ops count 0 (``count_elementwise_access`` counts their
+    traffic). The module's training flag is restored afterwards, so counting never changes how a model
+    later trains.
 
     Args:
         module: the model or layer.
@@ -89,15 +136,49 @@ def count_flops(module: nn.Module, *inputs: torch.Tensor) -> int:
         ValueError: no input was given.
     """
     _check_forward_args(module, inputs)
-    was_training = module.training
-    module.eval()
-    try:
-        counter = FlopCounterMode(display=False)
-        with torch.no_grad(), _one_thread(), counter:
-            module(*inputs)
-    finally:
-        module.train(was_training)
+    counter = FlopCounterMode(display=False, custom_mapping=_flop_formulas())
+    with _counting_forward(module), counter:
+        module(*inputs)
     return int(counter.get_total_flops())
+
+
+class _ElementwiseTraffic(TorchDispatchMode):
+    """Sums the elements that ops tagged ``pointwise`` read (tensor arguments) and write (tensor results)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.elements = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if torch.Tag.pointwise in func.tags:
+            # read: every tensor argument but an ``out=`` buffer; written: every tensor result (an in-place op's
+            # ``self`` is both, as it is read and then written)
+            reads = pytree.tree_leaves((args, {k: v for k, v in kwargs.items() if k != "out"}))
+            tensors = [t for t in (*reads, *pytree.tree_leaves(out)) if isinstance(t, torch.Tensor)]
+            self.elements += sum(t.numel() for t in tensors)
+        return out
+
+
+def count_elementwise_access(module: nn.Module, *inputs: torch.Tensor) -> int:
+    """Elements read and written by the element-wise ops of one forward pass (ReLU, additions, multiplications, ...).
+
+    An op counts when PyTorch tags it ``pointwise``: each tensor it reads and each it writes counts its
+    elements once (an in-place ``relu_`` on ``n`` elements moves ``2n``, an addition of two ``n``-element
+    tensors ``3n``), the cache-free model of ShuffleNet V2's MAC applied to the ops its formula leaves out.
+    Reductions, normalizations with their own kernels (BatchNorm, LayerNorm, softmax) and copies are not
+    counted. Multiply by the element size for bytes. Runs as ``count_flops`` does (eval mode, autograd on,
+    one thread; the training flag restored).
+
+    Raises:
+        TypeError / ValueError: as ``count_flops``.
+    """
+    _check_forward_args(module, inputs)
+    traffic = _ElementwiseTraffic()
+    with _counting_forward(module), traffic:
+        module(*inputs)
+    return traffic.elements
 
 
 def _check_size(value: object, name: str) -> int:
@@ -148,8 +229,8 @@ def count_memory_access(module: nn.Module, *inputs: torch.Tensor) -> int:
 
     Each such layer reads its input and its weights (and bias) once and writes its output once; the
     sum over layers is the network's MAC in the paper's sense. Element-wise layers (ReLU, additions,
-    BatchNorm) are not counted, as in the paper's formula; run in eval mode without autograd, with
-    the training flag restored afterwards.
+    BatchNorm) are not counted, as in the paper's formula (``count_elementwise_access`` counts those);
+    runs as ``count_flops`` does (eval mode, autograd on, one thread; the training flag restored).
 
     Raises:
         TypeError / ValueError: as ``count_flops``.
@@ -163,13 +244,10 @@ def count_memory_access(module: nn.Module, *inputs: torch.Tensor) -> int:
 
     layers = [m for m in module.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
     handles = [m.register_forward_hook(hook) for m in layers]
-    was_training = module.training
-    module.eval()
     try:
-        with torch.no_grad(), _one_thread():
+        with _counting_forward(module):
             module(*inputs)
     finally:
-        module.train(was_training)
         for handle in handles:
             handle.remove()
     return total
@@ -197,12 +275,23 @@ class FlopRanking:
         return len(self.misranked) + self.ranked_right + self.unresolved
 
     @property
+    def flop_rates(self) -> tuple[float, float]:
+        """The slowest and fastest achieved FLOP rate (FLOPs per second of median time) of the models.
+
+        Time proportional to FLOPs would make them equal; their ratio is how far from proportional it is.
+        """
+        rates = [flops / seconds for _, flops, _, seconds in self.rows]
+        return min(rates), max(rates)
+
+    @property
     def summary(self) -> str:
         """The ranking in one line, for a verdict table."""
+        low, high = self.flop_rates
         return (
             f"of {self.pairs} pairs: {len(self.misranked)} significantly misranked, {self.ranked_right} "
             f"significantly in FLOP order, {self.unresolved} unresolved; rank correlation of the medians: "
-            f"FLOPs {self.flops_rho:.2f}, MAC {self.mac_rho:.2f}"
+            f"FLOPs {self.flops_rho:.2f}, MAC {self.mac_rho:.2f}; achieved {low / 1e9:.1f}-{high / 1e9:.1f} GFLOP/s "
+            f"({high / low:.1f}x apart)"
         )
 
     def _repr_markdown_(self) -> str:

@@ -3,10 +3,10 @@
 ``SHUFFLENET_V2_TABLES`` holds the paper's throughputs (GPU: GTX 1080Ti, batches/s; ARM: Snapdragon
 810, one thread, images/s) for the ``x1, x2, x4`` columns of each row, copied from the paper's
 Tables 1-4; ``paper_throughput_ratios(guideline, row, multiplier)`` gives a row's throughput over its
-table's first row. ``trend_against_paper(paper_ratio, row)`` reads a measured comparison row against
-the paper's throughput ratio ("holds", "weaker", "inverts", "no measurable effect"). ``ProbeTable``
-is one table timed here (the probe networks of ``probe_blocks``), ``ProbeTrends`` every timed table
-side by side.
+table's first row. ``trend_against_paper(paper_ratio, row)`` reads a measured comparison row's paired
+interval against the paper's throughput ratio ("holds", "stronger", "weaker", "inverts", "not resolved
+here"). ``ProbeTable`` is one table timed here (the probe networks of ``probe_blocks``), at the paper's
+thread count and optionally at the machine's default one; ``ProbeTrends`` every timed table side by side.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from tricks_lib.formatting import markdown_table
 from tricks_lib.measurements import Comparison, ComparisonRow
+from tricks_lib.stats import CONFIDENCE
 
 __all__ = ["SHUFFLENET_V2_TABLES", "ProbeTable", "ProbeTrends", "paper_throughput_ratios", "trend_against_paper"]
 
@@ -76,13 +77,23 @@ def paper_throughput_ratios(guideline: str, row: str, multiplier: int) -> tuple[
 
 
 def trend_against_paper(paper_ratio: float, row: ComparisonRow) -> str:
-    """How this machine's throughput ratio (``row.speedup``, against the table's first row) reads the paper's.
+    """How this machine's paired interval of the throughput ratio (``row.ci_low`` to ``row.ci_high``, against the
+    table's first row) reads the paper's ratio.
 
-    Returns one of: "holds" (significant, same direction, at least as strong), "weaker" (significant,
-    same direction, smaller), "inverts" (significant, the other direction), "not significant here"
-    (the run cannot tell: read the comparison's interval, not the paper). Where the paper measured no
-    difference (a ratio of exactly 1, as some of its rows do): "no effect in the paper, none here" or
-    "no effect in the paper, one here".
+    Returns one of:
+
+    * "holds": the paper's ratio lies inside the interval and the row is significant (the run sees an
+      effect, and the paper's size is one it allows);
+    * "stronger": the whole interval lies beyond the paper's ratio, further from 1x in the same direction;
+    * "weaker": the whole interval lies between 1x and the paper's ratio, and the row is significant;
+      "weaker (none significant here)" when the row is not significant;
+    * "inverts": significant, in the other direction from the paper's;
+    * "not resolved here": the interval holds the paper's ratio but the row is not significant (the interval
+      reaches 1x, or comes closer to it than the comparison's smallest effect, so the run calls no effect),
+      or the run has no interval (too few rounds).
+
+    Where the paper measured no difference (a ratio of exactly 1, as some of its rows do): "no effect in the
+    paper, none here" or "no effect in the paper, one here" (from ``row.significant``).
 
     Raises:
         TypeError: ``row`` is not a ``ComparisonRow``.
@@ -94,19 +105,34 @@ def trend_against_paper(paper_ratio: float, row: ComparisonRow) -> str:
         raise ValueError(f"paper_ratio must be a positive throughput ratio, got {paper_ratio!r}")
     if paper_ratio == 1:
         return "no effect in the paper, one here" if row.significant else "no effect in the paper, none here"
-    if not row.significant:
-        return "not significant here"
-    if (row.speedup > 1) != (paper_ratio > 1):
+    if not (row.ci_low > 0 and row.ci_high > 0):  # NaN (too few rounds for an interval) or a broken row
+        return "not resolved here"
+    # Log ratios, signed so that the paper's effect is positive: a larger value is a stronger effect.
+    sign = 1.0 if paper_ratio > 1 else -1.0
+    paper = sign * math.log(paper_ratio)
+    low, high = sorted(sign * math.log(bound) for bound in (row.ci_low, row.ci_high))
+    if low <= paper <= high:
+        return "holds" if row.significant else "not resolved here"
+    if low > paper:
+        return "stronger"
+    if row.significant and sign * math.log(row.speedup) < 0:
         return "inverts"
-    return "holds" if abs(math.log(row.speedup)) >= abs(math.log(paper_ratio)) else "weaker"
+    return "weaker" if row.significant else "weaker (none significant here)"
+
+
+def _threads(comparison: Comparison) -> str:
+    return f"{comparison.num_threads} thread{'s' if comparison.num_threads != 1 else ''}"
 
 
 @dataclass(frozen=True)
 class ProbeTable:
-    """One ShuffleNet V2 table timed here: each row's FLOPs, MAC, the paper's two ratios, this run's, the trend.
+    """One ShuffleNet V2 table timed here: each row's FLOPs, MAC, element-wise traffic, the paper's two ratios,
+    this run's, and the trend.
 
-    Ratios are throughputs relative to the table's first row (the comparison's baseline); the trend
-    reads this run against the paper's half that matches the device (``trend_against_paper``).
+    Ratios are throughputs relative to the table's first row (the comparison's baseline). ``comparison`` is the
+    timing read against the paper's half that matches the device (``trend_against_paper``): on a CPU it should
+    run at the paper's ARM setting, one thread. ``default_threads``, when given, is the same probes timed at the
+    machine's default thread count: a second column, not read against the paper (the paper has no such column).
     """
 
     guideline: str
@@ -114,7 +140,13 @@ class ProbeTable:
     gpu_half: bool  # compared with the paper's GPU half (else its ARM half)
     comparison: Comparison
     flops: dict[str, int]
-    mac: dict[str, int]
+    mac: dict[str, int]  # conv/linear layers, the paper's formula (count_memory_access)
+    elementwise: dict[str, int]  # elements the element-wise ops read and write (count_elementwise_access)
+    default_threads: Comparison | None = None
+
+    @property
+    def half(self) -> str:
+        return "GPU" if self.gpu_half else "ARM"
 
     def paper_ratio(self, name: str) -> float:
         """The paper's throughput ratio for ``name`` in the half this run is compared with."""
@@ -124,54 +156,73 @@ class ProbeTable:
     def trend(self, name: str) -> str:
         return trend_against_paper(self.paper_ratio(name), self.comparison[name])
 
-    def note(self, name: str) -> str:
-        """The paper's ratio for ``name`` (this device's half) and the trend, as a verdict-table note."""
-        half = "GPU" if self.gpu_half else "ARM"
-        return f"; paper {half} {self.paper_ratio(name):.2f}x, trend: {self.trend(name)}"
+    def trends(self) -> str:
+        """Every row but the first with its trend, in the table's order, e.g. "1:2 holds, 1:6 stronger"."""
+        return ", ".join(f"{name} {self.trend(name)}" for name in self.comparison.names[1:])
+
+    def note(self) -> str:
+        """The trends against the paper's half at this comparison's thread count, as a verdict-table note: in
+        parentheses, each row's name followed by its trend (no "name: outcome" pairs to mistake for verdicts)."""
+        at = "" if self.gpu_half else f" at {_threads(self.comparison)}"  # a GPU's timings do not depend on them
+        return f" (trend vs the paper's {self.half} ratios{at}: {self.trends()})"
 
     def rows(self, *, with_counts: bool = True) -> list[list[str]]:
         out = []
         for name in self.comparison.names:
             row, (gpu, arm) = self.comparison[name], paper_throughput_ratios(self.guideline, name, self.multiplier)
-            cells = [name, f"{gpu:.2f}x", f"{arm:.2f}x", f"{row.speedup:.2f}x", row.verdict,
+            here = (
+                f"{row.speedup:.2f}x"
+                if row.is_baseline
+                else f"{row.speedup:.2f}x [{row.ci_low:.2f}, {row.ci_high:.2f}]"
+            )
+            cells = [name, f"{gpu:.2f}x", f"{arm:.2f}x", here, row.verdict,
                      "-" if row.is_baseline else self.trend(name)]  # fmt: skip
+            if self.default_threads is not None:
+                cells.append(self.default_threads[name].verdict)
             if with_counts:
-                cells[1:1] = [f"{self.flops[name] / 1e6:.0f}", f"{self.mac[name] / 1e6:.2f}"]
+                cells[1:1] = [f"{self.flops[name] / 1e6:.0f}", f"{self.mac[name] / 1e6:.2f}",
+                              f"{self.elementwise[name] / 1e6:.2f}"]  # fmt: skip
             out.append(cells)
         return out
 
+    def _header(self, *, with_counts: bool) -> list[str]:
+        here = "here" if self.gpu_half else f"here, {_threads(self.comparison)}"
+        interval = f"{here} [{CONFIDENCE:.0%} interval]"
+        header = ["paper GPU", "paper ARM", interval, "verdict here", f"trend vs paper {self.half}"]
+        if self.default_threads is not None:
+            header.append(f"here, {_threads(self.default_threads)}")
+        return (["MFLOPs", "MAC (M)", "element-wise (M)"] if with_counts else []) + header
+
     def _repr_markdown_(self) -> str:
-        half = "GPU" if self.gpu_half else "ARM"
-        header = [
-            "row",
-            "MFLOPs",
-            "MAC (M)",
-            "paper GPU",
-            "paper ARM",
-            "here",
-            "verdict here",
-            f"trend vs paper {half}",
-        ]
-        caption = f"{self.guideline}, width x{self.multiplier}: throughput relative to the first row"
-        return markdown_table(header, self.rows(), caption=caption)
+        caption = (
+            f"{self.guideline}, width x{self.multiplier}: throughput relative to the first row; MAC: conv layers "
+            "(the paper's formula); element-wise: elements read and written by element-wise ops"
+        )
+        return markdown_table(["row", *self._header(with_counts=True)], self.rows(), caption=caption)
 
 
 @dataclass(frozen=True)
 class ProbeTrends:
-    """Every timed table's rows (first rows left out) side by side with the paper's ratios: one Markdown table."""
+    """Every timed table's rows (first rows left out) side by side with the paper's ratios: one Markdown table.
+
+    Its columns are the first table's (all tables of one run share the thread counts and the paper's half).
+    """
 
     tables: tuple[ProbeTable, ...]
 
     def _repr_markdown_(self) -> str:
+        if not self.tables:
+            return "No probe table was timed."
         body = [
             [f"{t.guideline} x{t.multiplier}", *cells] for t in self.tables for cells in t.rows(with_counts=False)[1:]
         ]
-        device = self.tables[0].comparison.device if self.tables else "-"
-        header = ["table", "row vs first row", "paper GPU", "paper ARM", f"here ({device})", "verdict here", "trend"]
-        return markdown_table(header, body)
+        device = self.tables[0].comparison.device
+        header = ["table", "row vs first row", *self.tables[0]._header(with_counts=False)]
+        return markdown_table(header, body, caption=f"on {device}")
 
     def plot(self, ax=None):
-        """Each row's median time against its MAC, both relative to its table's first row. Returns the Axes.
+        """Each row's median time (at the paper's thread count) against its memory traffic (MAC plus element-wise),
+        both relative to its table's first row. Returns the Axes.
 
         Within a table the FLOPs are equal, so a FLOP model predicts every point at 1x; the x label
         gives the widest FLOP difference of any table.
@@ -183,12 +234,14 @@ class ProbeTrends:
         spread = max((max(t.flops.values()) / min(t.flops.values()) - 1 for t in self.tables), default=0.0)
         for t in self.tables:
             cmp_, first = t.comparison, t.comparison.baseline
-            xs = [t.mac[n] / t.mac[first] for n in cmp_.names]
+            traffic = {n: t.mac[n] + t.elementwise[n] for n in cmp_.names}
+            xs = [traffic[n] / traffic[first] for n in cmp_.names]
             ys = [cmp_[n].measurement.median / cmp_[first].measurement.median for n in cmp_.names]
             ax.plot(xs, ys, marker="o", linestyle="none", label=f"{t.guideline} x{t.multiplier}")
         ax.axhline(1.0, color="grey", linewidth=0.8)
-        ax.set_xlabel(f"MAC relative to the table's first row (FLOPs equal within {spread:.1%})")
-        ax.set_ylabel("time relative to the first row")
+        ax.set_xlabel(f"MAC + element-wise traffic relative to the first row (FLOPs equal within {spread:.1%})")
+        cpu = self.tables and not self.tables[0].gpu_half
+        ax.set_ylabel("time relative to the first row" + (f" ({_threads(self.tables[0].comparison)})" if cpu else ""))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
         return ax

@@ -414,7 +414,7 @@ class VerdictTable:
             measured, speedup, device = source.text(), source.speedup, result.device
         elif isinstance(result, ComparisonRow):
             source = VariantsReading(None, None, (result,))
-            measured, speedup, device = _subject_verdict(result, None), result.speedup, result.measurement.device
+            measured, speedup, device = source.text(), result.speedup, result.measurement.device
         elif isinstance(result, MemoryReport):
             measured, device = f"saved for backward {format_bytes(result.peak_saved_bytes)}", result.device
         elif isinstance(result, Mapping):

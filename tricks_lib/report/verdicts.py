@@ -20,6 +20,7 @@ result live on its type: ``Comparison.versus``/``fastest``, ``MemoryReport.chang
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
@@ -29,6 +30,7 @@ from tricks_lib.formatting import format_bytes, format_seconds, html_table, mark
 from tricks_lib.measurements import Comparison, ComparisonRow, Measurement
 from tricks_lib.memory import MemoryReport
 from tricks_lib.outcome import Outcome, SummaryRow
+from tricks_lib.report.copy_list import CopyList, copy_list
 from tricks_lib.report.results import record
 
 if TYPE_CHECKING:
@@ -302,6 +304,9 @@ class VerdictRow:
     before: tuple[str, ...] = ()  # cells between the trick and the verdict (e.g. the memory it saved)
     columns: tuple[str, ...] = ()  # the titles of ``before``'s cells and of ``measured``, as the table shows them
     source: VariantsReading | None = None  # the comparison variants it read (None: not read from a comparison)
+    copy: str = ""  # the trick's own lines, for the notebook's what-to-copy cell ("": nothing to paste)
+    helped: bool | None = None  # whether it helped in this run (None: no lines to copy)
+    helped_from: str = ""  # "outcome" (read from the comparison) or "computed" (the notebook's own bool)
 
     def summary_rows(self) -> tuple[SummaryRow, ...]:
         """One row; a table with cells before its verdict (01's vs / warm / cold) puts them in the row's text,
@@ -322,6 +327,9 @@ class VerdictRow:
             "columns": list(self.columns),
             "outcome": None if self.outcome is None else self.outcome.value,
             "source": None if self.source is None else self.source.to_dict(),
+            "copy": self.copy,
+            "helped": self.helped,
+            "helped_from": self.helped_from,
         }
 
 
@@ -370,6 +378,8 @@ class VerdictTable:
         note: str = "",
         replicates: bool = False,
         before: tuple[str, ...] = (),
+        copy: str = "",
+        helped: bool | None = None,
     ) -> VerdictRow:
         """Add the row for ``trick``, read from ``result``, and return it.
 
@@ -385,12 +395,16 @@ class VerdictTable:
             note: appended to the measured text (e.g. the memory it saved).
             replicates: append the speedup of each fresh replicate (a comparison run with ``replicates=``).
             before: the cells between the trick and the verdict, one per extra column.
+            copy: the trick's own lines as its section ran them, for ``what_to_copy`` (default: none).
+            helped: whether the trick helped in this run, a bool computed from it (e.g. ``saved > 0``); default:
+                read from the comparison's outcome (faster). Needed for ``copy=`` on a row not read from one.
 
         Raises:
             TypeError: a mapping with a key that is not a string, or a result of another type.
             ValueError: ``before`` does not fill the table's extra columns, an empty mapping, both ``variant``
                 and ``variants``, ``variant``/``variants``/``against`` for a result that is not a comparison,
-                or ``replicates=True`` for a result without replicates (or read from several variants).
+                or ``replicates=True`` for a result without replicates (or read from several variants), or
+                ``copy=`` on a row that is not read from a comparison without ``helped=``.
             KeyError: ``variant`` or ``against`` is not a variant of the comparison.
         """
         for name, value in (("trick", trick), ("caveat", caveat), ("note", note)):
@@ -434,7 +448,11 @@ class VerdictTable:
                 )
             note = f" (each replicate: {', '.join(f'{s:.2f}x' for s in source.rows[0].replicate_speedups)})" + note
         outcome = None if source is None else source.outcome
-        row = VerdictRow(trick, measured + note, caveat, device, speedup, outcome, before, self.columns[1:-1], source)
+        copy, helped, helped_from = _copy_lines(trick, copy, helped, outcome)
+        row = VerdictRow(
+            trick, measured + note, caveat, device, speedup, outcome, before, self.columns[1:-1], source,
+            copy, helped, helped_from,
+        )  # fmt: skip
         self.rows.append(row)
         if self.record_results and isinstance(result, (Comparison, MemoryReport)):
             if not any(seen is result for seen in self._recorded):
@@ -443,6 +461,15 @@ class VerdictTable:
         if self.record_rows:
             record(trick, row)
         return row
+
+    def what_to_copy(self) -> CopyList:
+        """The notebook's last cell: the lines of every row with ``copy=`` that helped in this run, then the ones
+        that did not, each with what it measured and why it does not help.
+
+        Raises:
+            ValueError: no row has lines to copy.
+        """
+        return copy_list(self.rows)
 
     def _body(self) -> list[list[str]]:
         return [[r.trick, *r.before, r.measured, r.caveat] for r in self.rows]
@@ -461,6 +488,25 @@ class VerdictTable:
 
     def __repr__(self) -> str:
         return self.to_markdown()
+
+
+def _copy_lines(trick: str, copy: str, helped: bool | None, outcome: Outcome | None) -> tuple[str, bool | None, str]:
+    """(lines, helped, where helped came from) for ``add(..., copy=, helped=)``, validated."""
+    if not isinstance(copy, str):
+        raise TypeError(f"add({trick!r}, ..., copy=): the lines to copy must be a string, got {type(copy).__name__}")
+    if helped is not None and not isinstance(helped, bool):
+        raise TypeError(f"add({trick!r}, ..., helped=) must be a bool computed from this run, got {helped!r}")
+    copy = textwrap.dedent(copy).strip("\n").rstrip()
+    if not copy:
+        return "", helped, "computed" if helped is not None else ""
+    if helped is not None:
+        return copy, helped, "computed"
+    if outcome is None:
+        raise ValueError(
+            f"add({trick!r}, ..., copy=...): this row is not read from a comparison, so pass helped= with a bool "
+            "computed from this run (e.g. helped=saved_bytes > 0)"
+        )
+    return copy, outcome is Outcome.FASTER, "outcome"
 
 
 def _labelled_values(trick: str, values: Mapping[str, object]) -> str:

@@ -26,9 +26,23 @@ def _parser() -> argparse.ArgumentParser:
         "editable install), else the copies shipped with the installed package.",
     )
     run.add_argument("--quick", action="store_true", help="small sizes: the whole suite in minutes (TRICKS_QUICK=1)")
-    run.add_argument("--only", nargs="+", metavar="NN", help="run only these notebooks (number or name prefix)")
+    run.add_argument(
+        "--only",
+        nargs="+",
+        metavar="NN",
+        help="run only these notebooks (a number, e.g. 3 or 03, or a unique name prefix)",
+    )
     run.add_argument("--out", type=Path, default=Path("results"), help="output folder (default: results/)")
-    run.add_argument("--refresh", action="store_true", help="also store the outputs back into the notebooks")
+    run.add_argument(
+        "--refresh",
+        action="store_true",
+        help="also store the outputs back into the notebooks, and the run times in notebooks/run_times.json",
+    )
+    run.add_argument(
+        "--record-times",
+        action="store_true",
+        help="record the run times in notebooks/run_times.json (without it, a run writes them into --out only)",
+    )
     run.add_argument(
         "--notebooks",
         type=Path,
@@ -116,10 +130,11 @@ def _run(args: argparse.Namespace) -> int:
         return _error(str(err))
     if args.dry_run:
         return _dry_run(source, paths, args.out, quick=quick)
-    if args.refresh and source.shipped:
+    if (args.refresh or args.record_times) and source.shipped:
+        flag = "--refresh" if args.refresh else "--record-times"
         return _error(
-            f"--refresh stores outputs back into a checkout's notebooks/; {source.folder} is the installed "
-            "package's copy. Run it in a clone of the repository, or drop --refresh"
+            f"{flag} writes into a checkout's notebooks/; {source.folder} is the installed "
+            f"package's copy. Run it in a clone of the repository, or drop {flag}"
         )
     try:
         plan = plan_run(
@@ -127,6 +142,7 @@ def _run(args: argparse.Namespace) -> int:
             args.out,
             quick=quick,
             refresh=args.refresh,
+            record_times=args.record_times,
             timeout=args.timeout,
             progress=not args.no_progress,
             source=source,
@@ -146,10 +162,16 @@ def _dry_run(source: NotebookSource, paths: list[Path], out: Path, *, quick: boo
     print(f"Notebooks: {source}")
     print(f"Would run {len(paths)} notebook(s) in {mode} mode -> {out}/")
     width = max(len(p.stem) for p in paths)
+    known = []
     for path in paths:
-        seconds = last_run_seconds(path, quick=quick, ledger_dir=out if source.shipped else None)
+        seconds = last_run_seconds(path, quick=quick, ledger_dir=out)
         last = f"last {mode} run {seconds:.0f} s" if seconds is not None else f"no {mode} run recorded"
         print(f"  {path.stem:<{width}}  {last}")
+        if seconds is not None:
+            known.append(seconds)
+    unknown = len(paths) - len(known)
+    total = f"Expected: {sum(known) / 60:.1f} min in all" if known else "Expected: unknown (no run recorded)"
+    print(total + (f", plus {unknown} notebook(s) with no {mode} run recorded" if known and unknown else ""))
     return 0
 
 

@@ -43,8 +43,15 @@ def notebooks(tmp_path):
 def test_find_notebooks_selects_by_prefix(notebooks):
     assert [p.stem for p in find_notebooks(notebooks)] == ["10_ok", "15_env", "20_fails"]
     assert [p.stem for p in find_notebooks(notebooks, ["20"])] == ["20_fails"]
+    assert [p.stem for p in find_notebooks(notebooks, ["15_e", "010"])] == ["10_ok", "15_env"]
     with pytest.raises(ValueError, match="matches no notebook"):
         find_notebooks(notebooks, ["99"])
+    with pytest.raises(ValueError, match="matches no notebook"):
+        find_notebooks(notebooks, ["1"])  # a number is one notebook's number, never a prefix of several
+    for name in ("a_one", "a_two"):
+        (notebooks / f"{name}.ipynb").write_text("{}")
+    with pytest.raises(ValueError, match="matches 2 notebooks"):
+        find_notebooks(notebooks, ["a_"])
     with pytest.raises(ValueError, match="no notebooks"):
         find_notebooks(notebooks / "empty_missing")
 
@@ -61,7 +68,8 @@ def test_the_plan_holds_the_mode_the_paths_and_the_kernel_environment(notebooks,
         assert plan.notebooks == tuple(paths) and plan.source == NotebookSource(notebooks, "--notebooks")
         assert plan.out_dir == out and plan.executed_dir == out / "notebooks"
         assert plan.records == (out / "records.jsonl").resolve() and plan.records.is_absolute()
-        assert plan.kernel_dir == plan.ledger_dir == notebooks and not plan.shipped
+        assert plan.kernel_dir == notebooks and plan.ledger_dir == out and not plan.shipped  # a plain run: --out
+        assert plan_run(paths, out, quick=quick, record_times=True).ledger_dir == notebooks
         assert dict(plan.kernel_env) == {
             "TRICKS_QUICK": flag,
             "TRICKS_RESULTS": str(plan.records),
@@ -93,13 +101,15 @@ def test_the_plan_holds_the_mode_the_paths_and_the_kernel_environment(notebooks,
 
 def test_the_plan_refreshes_a_checkout_and_only_reads_the_installed_package_s_copies(notebooks, tmp_path, monkeypatch):
     out = tmp_path / "out"
-    assert plan_run(find_notebooks(notebooks), out, quick=True, refresh=True).refresh
+    refresh = plan_run(find_notebooks(notebooks), out, quick=True, refresh=True)
+    assert refresh.refresh and refresh.record_times and refresh.ledger_dir == notebooks
     _as_an_installed_package(monkeypatch, notebooks)
     shipped = plan_run(find_notebooks(notebooks), out, quick=True)
     assert shipped.shipped and shipped.source.shipped and not shipped.refresh
     assert shipped.kernel_dir == out / "notebooks" and shipped.ledger_dir == out  # never beside the shipped copies
-    with pytest.raises(ValueError, match="run it in a clone"):
-        plan_run(find_notebooks(notebooks), out, quick=True, refresh=True)
+    for flag in ("refresh", "record_times"):
+        with pytest.raises(ValueError, match="run it in a clone"):
+            plan_run(find_notebooks(notebooks), out, quick=True, **{flag: True})
     assert not out.exists()
 
 
@@ -268,14 +278,23 @@ def test_a_subset_run_merges_into_the_earlier_run_and_says_so(shared_run):
 
 
 @pytest.mark.slow
-def test_run_times_are_recorded_beside_the_notebooks_and_read_by_the_dry_run(shared_run, capsys):
-    ledger = json.loads((shared_run.notebooks / "run_times.json").read_text())
-    assert sorted(ledger) == ["10_ok", "15_env"]  # the clean runs only
-    assert len(ledger["10_ok"]["quick"]["cells"]) == 2 and "full" not in ledger["10_ok"]
+def test_run_times_are_recorded_beside_the_notebooks_only_on_refresh_and_read_by_the_dry_run(shared_run, capsys):
+    beside = json.loads((shared_run.notebooks / "run_times.json").read_text())
+    assert sorted(beside) == ["10_ok"]  # the --refresh run's clean notebooks only (20 failed)
+    assert len(beside["10_ok"]["quick"]["cells"]) == 2 and "full" not in beside["10_ok"]
+    assert sorted(json.loads((shared_run.out / "run_times.json").read_text())) == ["15_env"]  # the plain run's
     notebooks, out = str(shared_run.notebooks), str(shared_run.out)
-    assert main(["run", "--dry-run", "--quick", "--notebooks", notebooks, "--out", out, "--only", "10", "20"]) == 0
+    argv = ["run", "--dry-run", "--quick", "--notebooks", notebooks, "--out", out, "--only"]
+    assert main([*argv, "10", "15", "20"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[2].split()[:4] == ["10_ok", "last", "quick", "run"] and lines[3].endswith("no quick run recorded")
+    assert lines[2].split()[:4] == ["10_ok", "last", "quick", "run"] and lines[3].split()[:4] == [
+        "15_env",
+        "last",
+        "quick",
+        "run",
+    ]
+    assert lines[4].endswith("no quick run recorded") and lines[5].startswith("Expected: ")
+    assert lines[5].endswith(", plus 1 notebook(s) with no quick run recorded")
 
 
 # --- runs of their own ---------------------------------------------------------------------------
@@ -431,23 +450,26 @@ def test_notebooks_are_found_where_given_then_in_the_checkout_then_in_the_instal
 
 def test_dry_run_lists_the_notebooks_and_where_they_were_found_and_runs_none(notebooks, tmp_path, capsys):
     out = tmp_path / "o"
-    assert main(["run", "--dry-run", "--quick", "--notebooks", str(notebooks), "--out", str(out), "--only", "1"]) == 0
+    argv = ["run", "--dry-run", "--quick", "--notebooks", str(notebooks), "--out", str(out), "--only", "10", "15"]
+    assert main(argv) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == f"Notebooks: {notebooks} (--notebooks)"
     assert lines[1] == f"Would run 2 notebook(s) in quick mode -> {out}/"
-    assert [line.split()[0] for line in lines[2:]] == ["10_ok", "15_env"]
-    assert all(line.endswith("no quick run recorded") for line in lines[2:]) and not out.exists()
+    assert [line.split()[0] for line in lines[2:4]] == ["10_ok", "15_env"]
+    assert all(line.endswith("no quick run recorded") for line in lines[2:4]) and not out.exists()
+    assert lines[4] == "Expected: unknown (no run recorded)"
 
 
 def test_the_installed_package_s_notebooks_are_never_refreshed(notebooks, tmp_path, monkeypatch, capsys):
     _as_an_installed_package(monkeypatch, notebooks)
-    assert main(["run", "--refresh", "--quick", "--out", str(tmp_path / "o"), "--no-progress"]) == 2
-    assert "installed package's copy" in capsys.readouterr().err
+    for flag in ("--refresh", "--record-times"):
+        assert main(["run", flag, "--quick", "--out", str(tmp_path / "o"), "--no-progress"]) == 2
+        assert "installed package's copy" in capsys.readouterr().err
     with pytest.raises(ValueError, match="run it in a clone"):
         run_notebooks(find_notebooks(notebooks, ["10"]), tmp_path / "o", quick=True, refresh=True, progress=False)
     # Named with --notebooks, they are still the installed copies: one line, no traceback, nothing run.
     argv = ["run", "--refresh", "--quick", "--notebooks", str(notebooks), "--out", str(tmp_path / "o")]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: --refresh stores outputs back") and "run it in a clone" in err
+    assert err.startswith("error: --refresh and --record-times write into") and "run it in a clone" in err
     assert "Traceback" not in err and not (tmp_path / "o").exists()

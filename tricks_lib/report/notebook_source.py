@@ -114,10 +114,11 @@ def last_run_seconds(path: Path, *, quick: bool, ledger_dir: Path | None = None)
 
 
 def find_notebooks(notebook_dir: Path, only: Sequence[str] | None = None) -> list[Path]:
-    """The notebooks to run, in order; ``only`` selects by number or name prefix ("03", "03_memory").
+    """The notebooks to run, in order; ``only`` selects each by its number ("3" or "03": exactly that notebook)
+    or by a name prefix that matches one notebook ("03_mem").
 
     Raises:
-        ValueError: the folder holds no notebooks, or a selector matches none.
+        ValueError: the folder holds no notebooks, or a selector matches none, or a name prefix matches several.
     """
     paths = sorted(p for p in Path(notebook_dir).glob("*.ipynb") if not p.name.startswith("."))
     if not paths:
@@ -126,9 +127,19 @@ def find_notebooks(notebook_dir: Path, only: Sequence[str] | None = None) -> lis
         return paths
     chosen = []
     for selector in only:
-        matches = [p for p in paths if p.stem == selector or p.stem.startswith(selector)]
+        if selector.isdigit():  # a number names one notebook: "0" is 00, never every notebook starting with 0
+            matches = [
+                p for p in paths if re.match(r"\d+", p.stem) and int(re.match(r"\d+", p.stem)[0]) == int(selector)
+            ]
+        else:
+            matches = [p for p in paths if p.stem == selector] or [p for p in paths if p.stem.startswith(selector)]
         if not matches:
             raise ValueError(f"--only {selector!r} matches no notebook; choose from {[p.stem for p in paths]}")
+        if len(matches) > 1:
+            raise ValueError(
+                f"--only {selector!r} matches {len(matches)} notebooks ({[p.stem for p in matches]}); "
+                "give a number or a longer name prefix"
+            )
         chosen += [p for p in matches if p not in chosen]
     return sorted(chosen)
 

@@ -101,6 +101,7 @@ class RunPlan:
     records: Path  # out_dir/records.jsonl, resolved: the kernels append their records to it
     quick: bool
     refresh: bool  # store clean outputs back into the notebooks
+    record_times: bool  # record run times in the ledger beside the notebooks (else in out_dir); refresh implies it
     timeout: int  # seconds one cell may run
     progress: bool  # one bar per notebook
     shipped: bool  # the installed package's copies: only read (kernels and run times in out_dir)
@@ -129,8 +130,9 @@ class RunPlan:
 
     @property
     def ledger_dir(self) -> Path:
-        """Where run times are recorded: beside the notebooks, never inside an installed package."""
-        return self.out_dir if self.shipped else self.source.folder
+        """Where run times are recorded: beside the notebooks when asked (``--refresh``, ``--record-times``), so a
+        plain run leaves the checkout as it was; else in the output folder. Never inside an installed package."""
+        return self.source.folder if self.record_times and not self.shipped else self.out_dir
 
     def kernel_env_for(self, notebook: str) -> dict[str, str]:
         """The variables set in ``notebook``'s kernel: the run's, and the notebook's name for its records."""
@@ -165,6 +167,7 @@ def plan_run(
     *,
     quick: bool,
     refresh: bool = False,
+    record_times: bool = False,
     timeout: int = 1800,
     progress: bool = True,
     source: NotebookSource | None = None,
@@ -174,16 +177,17 @@ def plan_run(
 
     ``source``: where ``paths`` were found (default: their folder); ``environ``: the environment the
     kernels inherit (default: ``os.environ``), read for the variables the run leaves as the caller set them.
+    ``record_times``: record the run times beside the notebooks (``refresh`` implies it); else in ``out_dir``.
 
     Raises:
-        ValueError: ``refresh`` for the installed package's shipped notebooks (refresh a checkout), or
-            ``paths`` from several folders.
+        ValueError: ``refresh`` or ``record_times`` for the installed package's shipped notebooks (use a
+            checkout), or ``paths`` from several folders.
     """
     source = source or _source_of(paths)
     shipped = is_shipped(source.folder)
-    if refresh and shipped:
+    if (refresh or record_times) and shipped:
         raise ValueError(
-            "--refresh stores outputs back into a checkout's notebooks/, not into the installed package's "
+            "--refresh and --record-times write into a checkout's notebooks/, not into the installed package's "
             f"copies ({shipped_notebook_dir()}); run it in a clone of the repository"
         )
     out_dir = Path(out_dir)
@@ -197,6 +201,7 @@ def plan_run(
         records=records,
         quick=quick,
         refresh=refresh,
+        record_times=refresh or record_times,
         timeout=timeout,
         progress=progress,
         shipped=shipped,
@@ -427,7 +432,8 @@ def _run_one(plan: RunPlan, path: Path, ctrl_c: _CtrlC) -> NotebookRun:
 def _store(plan: RunPlan, path: Path, nb, run: NotebookRun, cell_seconds: list[float]) -> None:
     """Record a clean run's time, write the executed copy, and with ``refresh`` the notebook itself."""
     if run.ok:
-        # The ledger beside the notebooks: what the title cell's run-time line reads on --refresh.
+        # With --refresh (or --record-times) the ledger beside the notebooks: what the title cell's run-time line
+        # reads on --refresh; else the output folder's, so that a plain run leaves the checkout clean.
         record_run_time(
             plan.ledger_dir, path.stem, quick=plan.quick, seconds=run.seconds, machine=plan.machine, cells=cell_seconds
         )

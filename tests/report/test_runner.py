@@ -133,6 +133,30 @@ def earlier(tmp_path):
     return write
 
 
+def test_a_notebook_whose_run_was_killed_is_carried_over_as_not_finished(notebooks, earlier, monkeypatch):
+    """A run of 10 killed while 10 ran (SIGKILL: no handler, no final summary) must not leave the earlier run's
+    "ok" for 10 beside its own partial records: the next --only run carries 10 over as not finished."""
+    import tricks_lib.report.runner as runner
+
+    out = earlier()  # 10_ok ok, 20_fails failed
+
+    def killed(plan, path, ctrl_c):
+        with plan.records.open("a") as f:  # one of the notebook's records got written, then the process died
+            f.write(json.dumps({"notebook": path.stem, "trick": "first of two"}) + "\n")
+        raise SystemExit("killed")
+
+    monkeypatch.setattr(runner, "_run_one", killed)
+    with pytest.raises(SystemExit):
+        runner.run_plan(plan_run(find_notebooks(notebooks, ["10"]), out, quick=True, progress=False))
+    monkeypatch.undo()
+    on_disk = {s["notebook"]: s for s in json.loads((out / "summary.json").read_text())["notebooks"]}
+    assert not on_disk["10_ok"]["ok"] and on_disk["10_ok"]["error"].startswith("did not finish")
+    nxt = plan_run(find_notebooks(notebooks, ["15"]), out, quick=True, progress=False)
+    carried, _ = runner._carry_over(nxt)
+    ten = next(r for r in carried if r.name == "10_ok")
+    assert not ten.ok and ten.error.startswith("did not finish") and ten.carried_over
+
+
 def test_a_subset_run_merges_only_into_a_summary_of_the_same_mode_machine_and_format(notebooks, earlier):
     paths = find_notebooks(notebooks, ["15"])
 

@@ -358,8 +358,20 @@ def run_plan(plan: RunPlan) -> list[NotebookRun]:
                     for p in plan.notebooks[number:]
                 ]
                 break
+            # Until it ends, the summary on disk lists this notebook and the ones after it as not finished: a run
+            # killed now (no Ctrl-C handler runs on SIGKILL) leaves a summary a later --only run carries over as
+            # failed, never an earlier run's "ok" beside this run's partial records.
+            _write_progress_summary(plan, carried_runs + runs, plan.notebooks[number:])
             runs.append(_run_one(plan, path, ctrl_c))
     return sorted(carried_runs + runs, key=lambda r: r.name) if carried_runs else runs
+
+
+def _write_progress_summary(plan: RunPlan, done: list[NotebookRun], pending: Sequence[Path]) -> None:
+    unfinished = [NotebookRun(p.stem, False, 0.0, None, _NOT_FINISHED) for p in pending]
+    write_summary(plan.out_dir, sorted(done + unfinished, key=lambda r: r.name), quick=plan.quick, json_only=True)
+
+
+_NOT_FINISHED = "did not finish: the run stopped while this notebook ran or before it (killed, or out of memory?)"
 
 
 class _CtrlC:
@@ -448,14 +460,17 @@ def _store(plan: RunPlan, path: Path, nb, run: NotebookRun, cell_seconds: list[f
             _write_notebook(nb, path)
 
 
-def write_summary(out_dir: Path, runs: Sequence[NotebookRun], *, quick: bool) -> tuple[Path, Path]:
+def write_summary(
+    out_dir: Path, runs: Sequence[NotebookRun], *, quick: bool, json_only: bool = False
+) -> tuple[Path, Path]:
     """Write ``summary.json``, ``summary.md`` and ``summary.html`` from the run's records; returns (md, json).
 
-    The HTML page (``out_dir/summary.html``) is drawn from the same document as ``summary.json``.
+    The HTML page (``out_dir/summary.html``) is drawn from the same document as ``summary.json``;
+    ``json_only`` writes ``summary.json`` alone.
     """
     env = dataclasses.replace(describe(), quick_mode=quick)  # the mode the notebooks ran in
     statuses = [
         NotebookStatus(r.name, r.ok, round(r.seconds, 2), r.failed_cell_label, r.error, r.finished_at, r.carried_over)
         for r in runs
     ]
-    return write_summary_files(out_dir, env, statuses, load_records(out_dir / "records.jsonl"))
+    return write_summary_files(out_dir, env, statuses, load_records(out_dir / "records.jsonl"), json_only=json_only)

@@ -145,11 +145,18 @@ def _markdown(env: EnvInfo, statuses: Sequence[NotebookStatus], rows: list[dict]
 
 
 def write_summary_files(
-    out_dir: Path, env: EnvInfo, statuses: Sequence[NotebookStatus], records: Sequence[RecordLike]
+    out_dir: Path,
+    env: EnvInfo,
+    statuses: Sequence[NotebookStatus],
+    records: Sequence[RecordLike],
+    *,
+    json_only: bool = False,
 ) -> tuple[Path, Path]:
     """Write ``summary.json``, ``summary.md`` and ``summary.html`` into ``out_dir`` (each atomically).
 
     Returns (md, json); the HTML page is ``out_dir/summary.html`` (``tricks_lib.report.summary_html``).
+    ``json_only``: write ``summary.json`` alone (the runner's progress summary, rewritten before each notebook;
+    the page and its plots take seconds to draw).
     """
     from tricks_lib._atomic import write_bytes_atomic
     from tricks_lib.report.summary_html import write_summary_html
@@ -166,6 +173,8 @@ def write_summary_files(
     json_path, md_path = Path(out_dir) / "summary.json", Path(out_dir) / "summary.md"
     text = json.dumps(summary, indent=2, default=str, allow_nan=False) + "\n"
     write_bytes_atomic(json_path, text.encode("utf-8"))
+    if json_only:
+        return md_path, json_path
     write_bytes_atomic(md_path, _markdown(env, statuses, rows, verdicts).encode("utf-8"))
     write_summary_html(out_dir, summary)
     return md_path, json_path

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -105,6 +106,8 @@ def _diff(args: argparse.Namespace) -> int:
         report = compare_summaries(load_summary(args.first), load_summary(args.second))
     except (OSError, ValueError) as err:
         return _error(str(err))
+    except (KeyError, TypeError) as err:  # a row that passed the check but lacks what the comparison reads
+        return _error(f"{args.first} or {args.second} holds a malformed summary row ({type(err).__name__}: {err})")
     print(json.dumps(report, indent=2) if args.json else diff_markdown(report), end="" if not args.json else "\n")
     return 0
 
@@ -188,9 +191,12 @@ def _report(plan: RunPlan, runs: list[NotebookRun], md_path: Path, json_path: Pa
     failures = [r for r in runs if not r.ok]
     for run in failures:
         print(f"FAILED: {run.describe_failure()}", file=sys.stderr)
+    problems = json.loads(json_path.read_text(encoding="utf-8")).get("problems", [])
+    for problem in problems:
+        print(f"FAILED: {problem}", file=sys.stderr)
     if any(r.interrupted for r in runs):
         return 130  # the shell's code for a run stopped by Ctrl-C (128 + SIGINT)
-    return 1 if failures else 0
+    return 1 if failures or problems else 0
 
 
 if __name__ == "__main__":

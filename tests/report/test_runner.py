@@ -157,6 +157,24 @@ def test_a_notebook_whose_run_was_killed_is_carried_over_as_not_finished(noteboo
     assert not ten.ok and ten.error.startswith("did not finish") and ten.carried_over
 
 
+def test_an_earlier_summary_missing_keys_is_carried_over_without_a_traceback(notebooks, earlier):
+    import tricks_lib.report.runner as runner
+
+    out = earlier()
+    doc = json.loads((out / "summary.json").read_text())
+    for status in doc["notebooks"]:
+        for key in ("seconds", "error", "failed_cell", "finished_at"):
+            status.pop(key)
+    doc["notebooks"][1].pop("ok")
+    doc["notebooks"].append("not a status")
+    (out / "summary.json").write_text(json.dumps(doc))
+    carried, _ = runner._carry_over(plan_run(find_notebooks(notebooks, ["15"]), out, quick=True, progress=False))
+    assert [(r.name, r.ok, r.error) for r in carried] == [
+        ("10_ok", True, None),
+        ("20_fails", False, "no status in the earlier summary"),
+    ]
+
+
 def test_a_subset_run_merges_only_into_a_summary_of_the_same_mode_machine_and_format(notebooks, earlier):
     paths = find_notebooks(notebooks, ["15"])
 

@@ -98,7 +98,8 @@ def test_every_result_type_reaches_both_summary_files(monkeypatch, tmp_path):
     statuses = [NotebookStatus("99_test", True, 1.5, None, None)]
     md_path, json_path = write_summary_files(tmp_path, env, statuses, load_records(tmp_path / "records.jsonl"))
     summary = json.loads(json_path.read_text())
-    assert set(summary) == {"machine", "machine_summary", "mode", "notebooks", "measurements", "verdicts"}
+    assert set(summary) == {"machine", "machine_summary", "mode", "notebooks", "measurements", "verdicts", "problems"}
+    assert summary["problems"] == []
     assert summary["notebooks"] == [
         {
             "notebook": "99_test",
@@ -188,3 +189,22 @@ def test_a_verdict_row_with_cells_before_its_verdict_keeps_them_in_the_summary(t
     assert row["verdict"] == "vs: folder; warm: 4.91x faster; cold: 5.27x faster; not faster here: -"
     plain = VerdictTable(record_rows=False)
     assert plain.add("x", "1.1x faster", "-").columns == ("measured here",)
+
+
+def test_a_torn_record_line_is_skipped_named_and_fails_the_run(monkeypatch, tmp_path, capsys):
+    """A kill can tear the last line of records.jsonl: the summary of everything else is still written, the line
+    is named in it, and the main command fails naming it (never a traceback and no summary)."""
+    from tricks_lib.report.runner import NotebookRun, write_summary
+
+    monkeypatch.setenv("TRICKS_RESULTS", str(tmp_path / "records.jsonl"))
+    monkeypatch.setenv("TRICKS_NOTEBOOK", "99_test")
+    record("kept", one_of_each()["comparison"])
+    with (tmp_path / "records.jsonl").open("a") as f:
+        f.write('{"notebook": "99_test", "trick": "torn", "ki')
+    with pytest.raises(ValueError, match="line 2"):
+        load_records(tmp_path / "records.jsonl")
+    _, json_path = write_summary(tmp_path, [NotebookRun("99_test", True, 1.0)], quick=True)
+    summary = json.loads(json_path.read_text())
+    assert [r["trick"] for r in summary["measurements"]][:1] == ["kept"]
+    assert len(summary["problems"]) == 1 and "records.jsonl line 2" in summary["problems"][0]
+    assert "skipped" in summary["problems"][0]

@@ -67,6 +67,22 @@ def test_an_older_summary_is_refused_in_one_line(tmp_path, capsys):
     assert "written by an older tricks_lib" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
+def test_a_malformed_summary_is_refused_in_one_line(tmp_path, capsys):
+    import json
+
+    from tricks_lib.__main__ import main
+
+    good = summary(("02", "amp", "bf16", "1.20x faster", "faster")) | {"machine_summary": "m"}
+    for name, doc in (("torn", None), ("rowless", {**good, "measurements": [{"trick": "amp"}]}), ("good", good)):
+        (tmp_path / name).mkdir()
+        text = '{"measurements": [' if doc is None else json.dumps(doc)
+        (tmp_path / name / "summary.json").write_text(text)
+    for bad, says in (("torn", "not readable JSON"), ("rowless", "measurements row 0 is not a result row")):
+        assert main(["diff", str(tmp_path / bad), str(tmp_path / "good")]) == 2
+        err = capsys.readouterr().err
+        assert says in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
 def test_diff_command_lists_the_changed_verdicts_of_two_folders(tmp_path, capsys):
     import json
 

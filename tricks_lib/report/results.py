@@ -102,11 +102,15 @@ def record(
     return rec
 
 
-def load_records(path: str | Path) -> list[Record]:
+def load_records(path: str | Path, problems: list[str] | None = None) -> list[Record]:
     """Read the records a run appended to ``path`` (missing file: no records).
 
+    ``problems``: a list to collect bad lines in (each skipped, with a message naming it) instead of raising,
+    so that the main command still writes the summary of everything else and names what it skipped.
+
     Raises:
-        ValueError: a line is not a record (the file is corrupt); the message names the line.
+        ValueError: a line is not a record (the file is corrupt, e.g. a write torn by a kill); the message
+            names the line. Not raised when ``problems`` is given.
     """
     path = Path(path)
     if not path.exists():
@@ -129,5 +133,8 @@ def load_records(path: str | Path) -> list[Record]:
                 )
             )
         except (json.JSONDecodeError, KeyError, TypeError) as err:
-            raise ValueError(f"{path.name} line {lineno} is not a result record: {err}") from err
+            message = f"{path.name} line {lineno} is not a result record ({type(err).__name__}: {err})"
+            if problems is None:
+                raise ValueError(message) from err
+            problems.append(message + "; skipped")
     return records

@@ -220,16 +220,16 @@ def _carry_over(plan: RunPlan) -> tuple[list[NotebookRun], list[str]]:
     runs = [
         NotebookRun(
             s["notebook"],
-            s["ok"],
-            s["seconds"],
+            s.get("ok") is True,
+            float(s.get("seconds") or 0.0),
             None,
-            s["error"],
-            failed_cell_label=s["failed_cell"],
+            s.get("error") if s.get("ok") is True else s.get("error") or "no status in the earlier summary",
+            failed_cell_label=s.get("failed_cell"),
             finished_at=s.get("finished_at") or "an earlier run",
             carried_over=True,
         )
         for s in plan.earlier.statuses
-        if s["notebook"] not in names
+        if isinstance(s, dict) and isinstance(s.get("notebook"), str) and s["notebook"] not in names
     ]
     kept = {r.name for r in runs}
     lines = [
@@ -473,4 +473,6 @@ def write_summary(
         NotebookStatus(r.name, r.ok, round(r.seconds, 2), r.failed_cell_label, r.error, r.finished_at, r.carried_over)
         for r in runs
     ]
-    return write_summary_files(out_dir, env, statuses, load_records(out_dir / "records.jsonl"), json_only=json_only)
+    problems: list[str] = []
+    records = load_records(out_dir / "records.jsonl", problems)
+    return write_summary_files(out_dir, env, statuses, records, json_only=json_only, problems=problems)

@@ -151,12 +151,14 @@ def write_summary_files(
     records: Sequence[RecordLike],
     *,
     json_only: bool = False,
+    problems: Sequence[str] = (),
 ) -> tuple[Path, Path]:
     """Write ``summary.json``, ``summary.md`` and ``summary.html`` into ``out_dir`` (each atomically).
 
     Returns (md, json); the HTML page is ``out_dir/summary.html`` (``tricks_lib.report.summary_html``).
     ``json_only``: write ``summary.json`` alone (the runner's progress summary, rewritten before each notebook;
-    the page and its plots take seconds to draw).
+    the page and its plots take seconds to draw). ``problems``: what the run could not read (e.g. a torn record
+    line), listed in the summary (``"problems"``) so that nothing is dropped silently.
     """
     from tricks_lib._atomic import write_bytes_atomic
     from tricks_lib.report.summary_html import write_summary_html
@@ -169,6 +171,7 @@ def write_summary_files(
         "notebooks": [dataclasses.asdict(s) for s in statuses],
         "measurements": rows,
         "verdicts": verdicts,
+        "problems": list(problems),
     }
     json_path, md_path = Path(out_dir) / "summary.json", Path(out_dir) / "summary.md"
     text = json.dumps(summary, indent=2, default=str, allow_nan=False) + "\n"

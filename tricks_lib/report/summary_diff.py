@@ -57,9 +57,23 @@ def load_summary(path: str | Path) -> dict:
         path = path / "summary.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no summary here; make one with `python -m tricks_lib run --out FOLDER`")
-    summary = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as err:  # a torn or edited file: one line, not a traceback
+        raise ValueError(f"{path} is not readable JSON ({err}); rerun `python -m tricks_lib run --out FOLDER`") from err
     if not isinstance(summary, dict) or "measurements" not in summary:
         raise ValueError(f"{path} is not a summary.json of `python -m tricks_lib run`")
+    for section in ("measurements", "verdicts"):
+        rows = summary.get(section, [])
+        bad = next(
+            (i for i, r in enumerate(rows) if not (isinstance(r, dict) and {"notebook", "trick", "variant"} <= set(r))),
+            None,
+        ) if isinstance(rows, list) else 0  # fmt: skip
+        if bad is not None:
+            raise ValueError(
+                f"{path}: {section} row {bad} is not a result row (it needs notebook, trick and variant); "
+                "the file was edited or written by another tool"
+            )
     if written_before_outcomes(summary):
         raise ValueError(
             f"{path} was written by an older tricks_lib (its rows carry no outcome): rerun that folder with "

@@ -154,7 +154,12 @@ def _run(args: argparse.Namespace) -> int:
         return _error(str(err))
     print(f"Running {len(paths)} notebook(s) from {source} in {plan.mode} mode -> {args.out}/", file=sys.stderr)
     runs = run_plan(plan)
-    md_path, json_path = write_summary(args.out, runs, quick=quick)
+    try:
+        md_path, json_path = write_summary(args.out, runs, quick=quick)
+    except OSError as err:  # a full disk: say what ran, in the terminal, since the summary cannot be written
+        for run in runs:
+            print(f"{'ok' if run.ok else 'FAILED'}: {run.name}" + ("" if run.ok else f": {run.error}"), file=sys.stderr)
+        return _error(f"could not write the summary into {args.out}/ ({err}); the notebooks' outcomes are above")
     return _report(plan, runs, md_path, json_path)
 
 

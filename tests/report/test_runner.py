@@ -515,3 +515,27 @@ def test_the_installed_package_s_notebooks_are_never_refreshed(notebooks, tmp_pa
     err = capsys.readouterr().err
     assert err.startswith("error: --refresh and --record-times write into") and "run it in a clone" in err
     assert "Traceback" not in err and not (tmp_path / "o").exists()
+
+
+@pytest.mark.slow
+def test_a_full_disk_fails_the_notebook_and_still_writes_the_summary(notebooks, tmp_path, monkeypatch, capsys):
+    import errno
+
+    import tricks_lib.report.runner as runner
+
+    def full_disk(nb, path):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(runner, "_write_notebook", full_disk)
+    out = tmp_path / "out"
+    argv = ["run", "--quick", "--notebooks", str(notebooks), "--out", str(out), "--no-progress", "--only", "10"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "FAILED: 10_ok.ipynb" in err and "No space left on device" in err and "Traceback" not in err
+    (status,) = json.loads((out / "summary.json").read_text())["notebooks"]
+    assert not status["ok"] and status["error"].startswith("could not write ") and "10_ok.ipynb" in status["error"]
+    # When the summary itself cannot be written, the terminal gets each notebook's outcome and one error line.
+    monkeypatch.setattr(runner, "write_summary_files", lambda *a, **k: full_disk(None, out / "summary.json"))
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "FAILED: 10_ok: could not write" in err and "could not write the summary" in err and "Traceback" not in err

@@ -368,7 +368,10 @@ def run_plan(plan: RunPlan) -> list[NotebookRun]:
 
 def _write_progress_summary(plan: RunPlan, done: list[NotebookRun], pending: Sequence[Path]) -> None:
     unfinished = [NotebookRun(p.stem, False, 0.0, None, _NOT_FINISHED) for p in pending]
-    write_summary(plan.out_dir, sorted(done + unfinished, key=lambda r: r.name), quick=plan.quick, json_only=True)
+    try:
+        write_summary(plan.out_dir, sorted(done + unfinished, key=lambda r: r.name), quick=plan.quick, json_only=True)
+    except OSError:
+        pass  # a full disk: the notebooks still run, and writing the final summary reports it (in the terminal)
 
 
 _NOT_FINISHED = "did not finish: the run stopped while this notebook ran or before it (killed, or out of memory?)"
@@ -442,7 +445,19 @@ def _run_one(plan: RunPlan, path: Path, ctrl_c: _CtrlC) -> NotebookRun:
 
 
 def _store(plan: RunPlan, path: Path, nb, run: NotebookRun, cell_seconds: list[float]) -> None:
-    """Record a clean run's time, write the executed copy, and with ``refresh`` the notebook itself."""
+    """Record a clean run's time, write the executed copy, and with ``refresh`` the notebook itself.
+
+    A write that fails (a full disk, a read-only folder) fails this notebook's run, naming the file, and the run
+    goes on to the next notebook and the summary: every write is atomic, so nothing half-written is left.
+    """
+    try:
+        _store_files(plan, path, nb, run, cell_seconds)
+    except OSError as err:
+        run.ok = False
+        run.error = f"could not write {getattr(err, 'filename', None) or 'its outputs'}: {err.strerror or err}"
+
+
+def _store_files(plan: RunPlan, path: Path, nb, run: NotebookRun, cell_seconds: list[float]) -> None:
     if run.ok:
         # With --refresh (or --record-times) the ledger beside the notebooks: what the title cell's run-time line
         # reads on --refresh; else the output folder's, so that a plain run leaves the checkout clean.

@@ -297,7 +297,7 @@ def compile_cost(
         inductor_config: ``torch._inductor.config`` settings, e.g. ``{"freezing": True}``: set for the
             whole of each fresh process, and here around setup and the first call only. Freezing
             needs this route: ``torch.compile(..., options={"freezing": True})`` does not freeze
-            (see ``compile_frozen``).
+            in torch 2.14 (notebook 05, section 7).
         no_grad: run the first calls with grad mode off (freezing needs it). Call ``compiled`` under
             ``torch.no_grad()`` too, or Dynamo recompiles it.
 

@@ -43,7 +43,7 @@ def test_records_round_trip_through_the_results_file(monkeypatch, tmp_path):
 
 def test_bad_inputs(tmp_path):
     with pytest.raises(
-        TypeError, match="Comparison, Measurement, MemoryReport, CompileCost, BatchSearch, DDPResult or VerdictRow"
+        TypeError, match="Comparison, Measurement, MemoryReport, CompileCost, BatchSearch or VerdictRow"
     ):
         record("x", 1.5)
     with pytest.raises(ValueError, match="name the trick"):

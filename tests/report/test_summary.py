@@ -11,7 +11,6 @@ from tricks_lib.memory import MemoryReport
 from tricks_lib.report.results import load_records, record
 from tricks_lib.report.summary import SUMMARY_ROW_KEYS, NotebookStatus, write_summary_files
 from tricks_lib.training.batch_size import BatchProbe, BatchSearch
-from tricks_lib.training.ddp import DDPResult
 
 # The schema readers' scripts rely on: change it on purpose, here and in the README, or not at all.
 PINNED_KEYS = (
@@ -55,32 +54,12 @@ def one_of_each():
     )
     compile_cost = CompileCost(9.0, 0.7, 1.0, 12.0, 3.0, compiled=lambda: None, namespace={"DEVICE": "cpu"})
     batch = BatchSearch(64, 1 << 20, "cpu", "saved for backward", 1, 256, (BatchProbe(64, True, 1000),))
-    ddp = DDPResult(
-        world_size=2,
-        backend="gloo",
-        device="cpu",
-        batch_size=16,
-        accumulation_steps=4,
-        steps=3,
-        step_times=(0.1, 0.12, 0.11),
-        samples_per_second=290.9,
-        final_loss=1.0,
-        num_parameters=10,
-        params_identical=True,
-        max_param_difference=0.0,
-        threads_per_process=1,
-        allreduce_calls=3,
-        buckets=1,
-        backward_passes=12,
-        no_sync=False,
-    )
     return {
         "measurement": m,
         "comparison": comparison,
         "memory": mem,
         "compile": compile_cost,
         "batch search": batch,
-        "ddp": ddp,
     }
 
 
@@ -129,9 +108,6 @@ def test_every_result_type_reaches_both_summary_files(monkeypatch, tmp_path):
     assert [r["median_s"] for r in by_trick["compile"]] == [9.0, 0.7, 1.0]
     assert by_trick["batch search"][0]["verdict"].startswith("batch 64 within 1.00 MiB")
     assert by_trick["batch search"][0]["saved_bytes"] == 1000
-    ddp = by_trick["ddp"][0]
-    assert ddp["variant"] == "2 x gloo processes, 4 micro-batches, no_sync off"
-    assert ddp["median_s"] == pytest.approx(0.11) and ddp["items_per_second"] == 290.9
     assert by_trick["measurement"][0]["items_per_second"] == pytest.approx(8 / 1e-3)
     md = md_path.read_text()
     # Grouped by notebook: the status line, then the notebook's section with one line per measured row.

@@ -28,7 +28,7 @@ class Record:
 
     notebook: str
     trick: str
-    kind: str  # the result's type: "comparison", "measurement", "memory", "compile", "batch search", "ddp"
+    kind: str  # the result's type: "comparison", "measurement", "memory", "compile", "batch search"
     rows: tuple[dict, ...]  # the result's details (``to_dict()``; a comparison: one per variant)
     device: str
     machine: str  # describe().summary() of the machine that measured it
@@ -53,7 +53,7 @@ def _rows_of(result: Summarizable) -> tuple[str, tuple[dict, ...], str, tuple[di
     kind = getattr(type(result), "record_kind", None)  # each result type names its own kind
     if not isinstance(kind, str) or not callable(getattr(result, "summary_rows", None)):
         raise TypeError(
-            f"record() takes a Comparison, Measurement, MemoryReport, CompileCost, BatchSearch, DDPResult or VerdictRow, got "
+            f"record() takes a Comparison, Measurement, MemoryReport, CompileCost, BatchSearch or VerdictRow, got "
             f"{type(result).__name__}; time with tricks_lib or measure with tricks_lib.memory first"
         )
     summary = tuple(row.to_dict() for row in result.summary_rows())

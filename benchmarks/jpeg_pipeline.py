@@ -100,6 +100,9 @@ def profile_epochs(run, loader, n, epochs):
 
 
 def main(argv):
+    if "--help" in argv or "-h" in argv:
+        print(__doc__)
+        return 0
     quick = "--quick" in argv
     os.environ.setdefault("TRICKS_QUICK", "1" if quick else "0")
     import cv2

@@ -49,6 +49,9 @@ def make_samples(n: int, size: int, seed: int = 0) -> list[dict]:
 
 
 def main(argv: list[str]) -> int:
+    if "--help" in argv or "-h" in argv:
+        print(__doc__)
+        return 0
     quick = "--quick" in argv
     results = {"load_average_before": os.getloadavg(), "cases": []}
     for label, size, count in (("1 KiB", 1024, 4000), ("18 KiB", 18 * 1024, 1500), ("200 KiB", 200 * 1024, 200)):

@@ -81,16 +81,26 @@ def test_elementwise_access_counts_reads_and_writes():
     assert count_elementwise_access(net, x) == 2 * (2 * 4 * 4 * 5)  # only the ReLU on (2, 4, 4, 5)
 
 
-def test_elementwise_access_sees_the_g4_switches_that_flops_cannot():
-    from tricks_lib.design.probe_blocks import bottleneck_net, probe_input
+class _Bottleneck(nn.Module):
+    """Notebook 04's G4 probe block: 4c -> c (1x1) -> c (3x3) -> 4c (1x1), ReLUs and shortcut switchable."""
 
+    def __init__(self, c, relu, shortcut):
+        super().__init__()
+        self.reduce = nn.Conv2d(4 * c, c, 1, bias=False)
+        self.conv = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.expand = nn.Conv2d(c, 4 * c, 1, bias=False)
+        self.relu, self.shortcut = relu, shortcut
+
+    def forward(self, x):
+        act = torch.relu if self.relu else (lambda t: t)
+        out = self.expand(act(self.conv(act(self.reduce(x)))))
+        return act(out + x if self.shortcut else out)
+
+
+def test_elementwise_access_sees_the_g4_switches_that_flops_cannot():
     c, size = 4, 6
-    nets = {
-        (relu, shortcut): bottleneck_net(c, relu=relu, shortcut=shortcut, depth=1)
-        for relu in (True, False)
-        for shortcut in (True, False)
-    }
-    x = probe_input(nets[True, True], size=size)
+    nets = {(relu, shortcut): _Bottleneck(c, relu, shortcut) for relu in (True, False) for shortcut in (True, False)}
+    x = torch.randn(1, 4 * c, size, size)
     traffic = {key: count_elementwise_access(net, x) for key, net in nets.items()}
     hw = size * size
     relu = 2 * (c + c + 4 * c) * hw  # three ReLUs on (c, c, 4c) channels, each read and written once

@@ -54,23 +54,3 @@ def test_fraction_zero_is_a_copy_and_bad_fractions_raise():
         prune_conv_channels(model, "half")
     with pytest.raises(ValueError):
         prune_conv_channels(nn.Sequential(nn.Linear(2, 2)), 0.5)
-
-
-def test_magnitude_prune_zeroes_the_smallest_weights_and_keeps_shapes():
-    from tricks_lib.design.pruning import SparsitySweep, magnitude_prune
-
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.Flatten(), nn.Linear(4 * 6 * 6, 10))
-    pruned, zeros = magnitude_prune(model, 0.7)
-    assert zeros == pytest.approx(0.7, abs=0.01)
-    conv = pruned[0]
-    assert conv.weight.shape == conv.weight_orig.shape == model[0].weight.shape  # masks, nothing shrank
-    kept = conv.weight_orig[conv.weight != 0].abs().min()
-    assert kept >= conv.weight_orig[conv.weight == 0].abs().max()  # the smallest magnitudes went
-    assert (model[0].weight != 0).all()  # the original is untouched
-    with pytest.raises(ValueError):
-        magnitude_prune(model, 1.0)
-    with pytest.raises(TypeError):
-        magnitude_prune(model, True)
-    table = SparsitySweep(0.9, ((0.5, 0.5, 0.85),))._repr_markdown_()
-    assert "| 0% (dense) | - | 90.0% |" in table and "| 50% | 50.0% | 85.0% |" in table

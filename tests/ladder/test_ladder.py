@@ -6,14 +6,7 @@ import torch
 from tricks_lib.ladder.config import LadderConfig, TargetTrace, TrainingRun
 from tricks_lib.ladder.images import ImageData, augment_batch
 from tricks_lib.ladder.results import Ladder, Rung, RungResult
-from tricks_lib.ladder.run import (
-    _cumulative,
-    lr_factor,
-    make_training_step,
-    run_ladder,
-    run_to_target,
-    train_to_target,
-)
+from tricks_lib.ladder.run import _cumulative, _pipeline_step, run_ladder, run_to_target, train_to_target
 from tricks_lib.measurements import Comparison, Measurement, paired_row
 from tricks_lib.outcome import Outcome
 
@@ -58,18 +51,38 @@ def tiny_data(n_train=64, n_test=32, seed=0):
     )
 
 
+def plain_step(config, model, total_steps, device):
+    """The capstone notebook's step, cut to what these tests need: layout, optimizer implementation, smoothing."""
+    if config.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.SGD(params, lr=config.lr, momentum=config.momentum, nesterov=True,
+                          foreach=config.optimizer_impl == "foreach", fused=config.optimizer_impl == "fused")  # fmt: skip
+
+    def step(x, y, i):
+        if config.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        loss = torch.nn.functional.cross_entropy(model(x), y, label_smoothing=config.label_smoothing)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss
+
+    return step
+
+
 TINY = LadderConfig(width=0.0625, epochs=1, target=1.0, batch_size=16, base_batch_size=16, eval_batch_size=32,
                     on_device_data=True)  # fmt: skip
 
 
 def test_a_rung_is_the_same_training_function_with_one_option_changed():
     data = tiny_data()
-    base = train_to_target(TINY, data, seed=3, device="cpu", stop_at_target=False)
-    again = train_to_target(TINY, data, seed=3, device="cpu", stop_at_target=False)
-    foreach = train_to_target(dataclasses.replace(TINY, optimizer_impl="foreach"), data, seed=3, device="cpu",
-                              stop_at_target=False)  # fmt: skip
-    smoothed = train_to_target(dataclasses.replace(TINY, label_smoothing=0.2), data, seed=3, device="cpu",
-                               stop_at_target=False)  # fmt: skip
+    base = train_to_target(TINY, data, plain_step, seed=3, device="cpu", stop_at_target=False)
+    again = train_to_target(TINY, data, plain_step, seed=3, device="cpu", stop_at_target=False)
+    foreach = train_to_target(dataclasses.replace(TINY, optimizer_impl="foreach"), data, plain_step, seed=3,
+                              device="cpu", stop_at_target=False)  # fmt: skip
+    smoothed = train_to_target(dataclasses.replace(TINY, label_smoothing=0.2), data, plain_step, seed=3,
+                               device="cpu", stop_at_target=False)  # fmt: skip
     assert base.trace.accuracies == again.trace.accuracies  # seeded: the same run twice
     assert foreach.trace.accuracies == base.trace.accuracies  # same math, another optimizer implementation
     assert foreach.saved_bytes == base.saved_bytes
@@ -116,8 +129,7 @@ def test_verdicts_read_the_seeds_spread():
     assert ladder.verdict("skip") == "skipped: CUDA only"
     assert ladder.verdict("d") == "missed the target in 1 of 2 seeds"
     assert ladder.previous("e").name == "d" and "did not" in ladder.verdict("e")
-    assert ladder.speedup("b") == pytest.approx(10.5 / 5.5)
-    assert len(ladder.summary_rows()) == 6 and "| a |" in ladder.to_markdown()
+    assert "| a |" in ladder.to_markdown()
 
 
 def test_a_rung_that_reused_the_compiled_graph_is_compared_without_the_compile():
@@ -132,14 +144,6 @@ def test_a_rung_that_reused_the_compiled_graph_is_compared_without_the_compile()
     # After the compile: [1.0, 2.0] s before against [0.999, 1.099] s here: overlapping seeds, 1.43x.
     verdict = ladder.verdict("smoothing")
     assert verdict.startswith("no clear change (1.43x;") and "compile excluded on both sides" in verdict
-
-
-def test_lr_factor_is_airbench_triangle():
-    total = 100
-    assert lr_factor(0, total, 0.23) == pytest.approx(0.2)
-    assert lr_factor(23, total, 0.23) == pytest.approx(1.0)
-    assert lr_factor(total, total, 0.23) == pytest.approx(0.07)
-    assert lr_factor(0, total, 0.0) == pytest.approx(1.0)
 
 
 def test_batched_augmentation_gives_flipped_shifted_copies():
@@ -171,7 +175,7 @@ def test_config_rejects_bad_values():
 def test_run_ladder_keeps_rung_order_seeds_and_skips():
     rungs = [Rung("baseline"), Rung("+ gpu thing", {"channels_last": True}, skip_reason="CUDA only"),
              Rung("+ foreach", {"optimizer_impl": "foreach"})]  # fmt: skip
-    ladder = run_ladder(TINY, rungs, tiny_data(), seeds=(0, 1), device="cpu")
+    ladder = run_ladder(TINY, rungs, tiny_data(), plain_step, seeds=(0, 1), device="cpu", step_budget=None)
     assert [r.name for r in ladder.rungs] == ["baseline", "+ gpu thing", "+ foreach"]
     assert ladder["+ gpu thing"].skipped and ladder["+ gpu thing"].runs == ()
     assert [run.seed for run in ladder["+ foreach"].runs] == [0, 1]
@@ -229,8 +233,6 @@ def test_reading_groups_rungs_and_reads_the_stack_at_its_fastest_rung_that_reach
         "baseline (no seed overlap); "
         "missed it in some seed: e (1 of 2 seeds)"
     )
-    assert ladder.verdict_against("d", "a").startswith("1.19x slower to target than a")
-    assert ladder.verdict_against("c", "b").startswith("no clear change")
     assert "| clearly faster than the rung before | b |" in reading._repr_markdown_()
     only_slower = Ladder((fake_result("a", [1.0, 1.1]), fake_result("d", [2.0, 2.1])), "fake", "cpu", 0.9)
     assert only_slower.reading().best == "a" and "no rung reached the target sooner" in only_slower.reading().stack
@@ -318,12 +320,12 @@ def test_compile_payback_counts_the_images_that_repay_the_cold_compile():
     # With a paired step comparison, its speeds and verdict: a compiled step that is not significantly faster
     # never repays the compile, however its median compares.
     steps = fake_steps({"eager": (0.64, 0.64), "+ compile": (0.32, 0.33)}, items={"eager": 64, "+ compile": 64})
-    paired = Ladder((eager, compiled), "fake", "cpu", 0.9).compile_payback(500, steps)
+    paired = Ladder((eager, compiled), "fake", "cpu", 0.9, steps).compile_payback(500)
     assert paired.step_outcome is Outcome.FASTER and paired.eager_images_per_second == pytest.approx(100)
     assert paired.images_to_pay_back == pytest.approx(10 / (1 / 100 - 1 / 200), rel=0.05)
     assert ["compiled step against the eager one (paired)", paired.step_verdict] in paired.rows()
     unclear = fake_steps({"eager": (0.64, 0.64), "+ compile": (0.60, 0.70)}, items={"eager": 64, "+ compile": 64})
-    payback = Ladder((eager, compiled), "fake", "cpu", 0.9).compile_payback(500, unclear)
+    payback = Ladder((eager, compiled), "fake", "cpu", 0.9, unclear).compile_payback(500)
     assert payback.step_outcome is Outcome.NOT_SIGNIFICANT and payback.images_to_pay_back is None
     slower = RungResult("+ compile", compiled_cfg, runs(50.0, 10.0, 3))
     assert Ladder((eager, slower), "fake", "cpu", 0.9).compile_payback(500).images_to_pay_back is None
@@ -358,9 +360,21 @@ def fake_steps(per_call, items, rounds=20):
 
 def test_a_training_step_is_the_runs_step_from_mid_schedule_on_its_own_pipeline():
     data = tiny_data()
-    for config in (TINY, dataclasses.replace(TINY, on_device_data=False, lookahead=True, whitening=True)):
-        step = make_training_step(config, data, seed=0, device="cpu")
+    for config in (TINY, dataclasses.replace(TINY, on_device_data=False, channels_last=True, whitening=True)):
+        step = _pipeline_step(config, data, plain_step, seed=0, device="cpu")
         for _ in range(3 * len(data.train_labels) // config.batch_size + 1):  # over three epoch boundaries
             assert step() is None
     with pytest.raises(TypeError):
-        make_training_step(TINY, "data")
+        _pipeline_step(TINY, "data", plain_step)
+
+
+def test_run_ladder_times_each_rungs_step_against_the_baseline():
+    from tricks_lib.comparing import Budget
+
+    rungs = [Rung("baseline"), Rung.adding(channels_last=True)]
+    ladder = run_ladder(TINY, rungs, tiny_data(), plain_step, seeds=(0,), device="cpu", warmup=False,
+                        step_budget=Budget(min_run_time=0.01))  # fmt: skip
+    assert ladder.steps.baseline == "baseline" and ladder.steps["+ channels_last"].speedup > 0
+    assert ladder.steps["baseline"].measurement.items_per_second > 0  # items: the rung's batch size
+    with pytest.raises(TypeError):
+        run_ladder(TINY, rungs, tiny_data(), "not a step builder", device="cpu")

@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 
-from tricks_lib.profiling.phase_shifts import PhaseShift, phase_shift, plot_phase_shares
+from tricks_lib.profiling.phase_shifts import PhaseShift, phase_shift
 from tricks_lib.profiling.phases import WAIT_PHASE, PhaseSplit, phase_split
 from tricks_lib.report.results import record
 
@@ -274,24 +274,3 @@ def test_queued_gpu_work_is_billed_to_its_phase():
     split = phase_split(range(4), step, steps=3, device="cuda")
     assert split.timer_s["matmuls"] > 50 * split.timer_s["nothing"]
     assert split.disagreement <= AGREEMENT_TOLERANCE
-
-
-def test_plot_phase_shares_draws_both_readings_of_each_split():
-    splits = [made_split("before", {"forward": 0.5}), made_split("after", {"forward": 0.2, "optimizer": 0.1})]
-    fig = plot_phase_shares(splits, title="two splits")
-    ax = fig.axes[0]
-    assert [t.get_text() for t in ax.get_yticklabels()] == [
-        "before (timers)", "before (profiler)", "after (timers)", "after (profiler)"
-    ]  # fmt: skip
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == [WAIT_PHASE, "forward", "optimizer"]
-    # each bar's segments add up to the whole step
-    widths = {}
-    for patch in ax.patches:
-        widths[patch.get_y()] = widths.get(patch.get_y(), 0.0) + patch.get_width()
-    assert len(widths) == 4 and all(w == pytest.approx(100) for w in widths.values())
-    with pytest.raises(TypeError):
-        plot_phase_shares(splits[0])
-    with pytest.raises(TypeError):
-        plot_phase_shares([])
-    with pytest.raises(TypeError):
-        plot_phase_shares(splits, title=3)

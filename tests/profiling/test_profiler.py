@@ -1,4 +1,4 @@
-"""tricks_lib.profiling.profiler: step_split's timers on known durations, the jitter dataset, argument errors."""
+"""tricks_lib.profiling.profiler: the jitter dataset, py-spy sampling, argument errors."""
 
 import re
 import subprocess
@@ -11,85 +11,10 @@ import torch
 from tricks_lib.profiling.profiler import (
     JITTER_SCRIPT,
     PixelJitterDataset,
-    StepSplit,
     py_spy_sample,
     read_jitter_forever,
-    step_split,
     without_local_paths,
 )
-from tricks_lib.report.results import record
-
-WAIT_S, STEP_S = 0.03, 0.01  # a loader that takes 30 ms per batch, a step that takes 10 ms
-SHARE_TOLERANCE = 0.1  # sleeps overshoot on a busy machine: shares within 10 percentage points
-
-
-def sleepy_loader(n, seconds=WAIT_S):
-    for i in range(n):
-        time.sleep(seconds)
-        yield i
-
-
-def test_step_split_measures_known_durations():
-    seen = []
-    split = step_split(sleepy_loader(6), lambda b: (time.sleep(STEP_S), seen.append(b)), steps=5, device="cpu")
-    assert seen == [0, 1, 2, 3, 4, 5]  # one warm-up step, then five timed ones, in order
-    assert split.steps == 5 and len(split.wait_times) == 5
-    assert min(split.wait_times) >= WAIT_S and min(split.step_times) >= STEP_S  # sleep never ends early
-    assert split.wait_share == pytest.approx(WAIT_S / (WAIT_S + STEP_S), abs=SHARE_TOLERANCE)
-    assert split.step_share == pytest.approx(STEP_S / (WAIT_S + STEP_S), abs=SHARE_TOLERANCE)
-    assert split.wait_s + split.step_s + split.other_s == pytest.approx(split.total_s)
-    assert split.bound == "loader-bound"
-
-
-def test_compute_bound_loop_reads_compute_bound():
-    split = step_split(sleepy_loader(4, 0.0), lambda b: time.sleep(STEP_S), steps=3, warmup=0, device="cpu")
-    assert split.bound == "compute-bound" and split.step_share > 0.8
-
-
-def test_step_split_renders_and_records():
-    split = step_split(sleepy_loader(3, 0.001), lambda b: None, steps=2, device="cpu", label="tiny loop")
-    assert "tiny loop" in repr(split) and "waiting for the next batch" in split._repr_markdown_()
-    assert "<table>" in split._repr_html_()
-    rec = record("tiny loop split", split)
-    assert rec.kind == StepSplit.record_kind == "step split"
-    assert [row["variant"] for row in rec.summary] == [
-        "tiny loop: waiting for the next batch",
-        "tiny loop: in the step (synchronized)",
-        "tiny loop: total",
-    ]
-    assert split.to_dict()["steps"] == 2
-
-
-def test_step_split_says_when_the_loader_runs_out():
-    with pytest.raises(ValueError, match="yielded 3 batches"):
-        step_split(range(3), lambda b: None, steps=5, device="cpu")
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "error"),
-    [
-        ({"loader": 3}, TypeError),
-        ({"step": "not callable"}, TypeError),
-        ({"steps": 0}, ValueError),
-        ({"steps": 2.0}, TypeError),
-        ({"steps": True}, TypeError),
-        ({"warmup": -1}, ValueError),
-        ({"device": "tpu"}, ValueError),
-        ({"label": ""}, TypeError),
-    ],
-)
-def test_step_split_rejects_bad_arguments(kwargs, error):
-    args = {"loader": range(10), "step": lambda b: None, "steps": 2, **kwargs}
-    loader, step = args.pop("loader"), args.pop("step")
-    with pytest.raises(error):
-        step_split(loader, step, **args)
-
-
-def test_step_split_result_checks_its_fields():
-    with pytest.raises(ValueError):
-        StepSplit("x", (), (), 1.0, "cpu")
-    with pytest.raises(ValueError):
-        StepSplit("x", (0.1,), (0.1,), 0.0, "cpu")
 
 
 def test_pixel_jitter_python_loop_matches_tensor_op():

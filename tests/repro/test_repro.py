@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import os
 import random
 import subprocess
@@ -16,13 +15,9 @@ from torch.utils.data import DataLoader
 
 from tricks_lib.repro import (
     NoiseAugmentedDataset,
-    RngState,
-    capture_rng_state,
     determinism_flags,
     deterministic,
     fingerprint,
-    make_generator,
-    restore_rng_state,
     seed_everything,
     seed_worker,
 )
@@ -31,11 +26,13 @@ from tricks_lib.repro import (
 @pytest.fixture(autouse=True)
 def _keep_global_state():
     """Every test leaves RNGs, determinism flags and the environment as it found them."""
-    rng = capture_rng_state()
+    rng = random.getstate(), np.random.get_state(), torch.get_rng_state()
     flags = determinism_flags()
     env = {k: os.environ.get(k) for k in ("PYTHONHASHSEED", "CUBLAS_WORKSPACE_CONFIG")}
     yield
-    restore_rng_state(rng)
+    random.setstate(rng[0])
+    np.random.set_state(rng[1])
+    torch.set_rng_state(rng[2])
     torch.use_deterministic_algorithms(flags.algorithms, warn_only=flags.warn_only)
     torch.backends.cudnn.deterministic = flags.cudnn_deterministic
     torch.backends.cudnn.benchmark = flags.cudnn_benchmark
@@ -73,20 +70,12 @@ def test_seed_everything_sets_pythonhashseed_for_children():
 def test_out_of_range_seed_raises_value_error(bad):
     with pytest.raises(ValueError, match="2\\*\\*32"):
         seed_everything(bad)
-    with pytest.raises(ValueError):
-        make_generator(bad)
 
 
 @pytest.mark.parametrize("bad", [1.5, "0", True, None])
 def test_non_int_seed_raises_type_error(bad):
     with pytest.raises(TypeError, match="seed must be an int"):
         seed_everything(bad)
-
-
-def test_make_generator_is_seeded():
-    a, b = make_generator(5), make_generator(5)
-    assert torch.equal(torch.randperm(50, generator=a), torch.randperm(50, generator=b))
-    assert not torch.equal(torch.rand(10, generator=make_generator(5)), torch.rand(10, generator=make_generator(6)))
 
 
 # --- fingerprint -------------------------------------------------------------------------------
@@ -340,10 +329,24 @@ def test_seed_worker_removes_the_duplicates():
     assert len(torch.unique(torch.cat([epoch0, epoch1]), dim=0)) == 2 * N_SAMPLES
 
 
+def _recipe_worker_init(worker_id: int) -> None:
+    """The worker_init_fn of PyTorch's reproducibility notes, plus the dataset's reseed hook (notebook 07's lines)."""
+    worker_seed = torch.initial_seed() % 2**32
+    np.random.seed(worker_seed)
+    random.seed(worker_seed)
+    torch.utils.data.get_worker_info().dataset.reseed(worker_seed)
+
+
+def test_seed_worker_draws_what_the_recipe_lines_draw():
+    ours = _noise_per_epoch(seed_worker, generator=torch.Generator().manual_seed(5))
+    recipe = _noise_per_epoch(_recipe_worker_init, generator=torch.Generator().manual_seed(5))
+    assert fingerprint(ours) == fingerprint(recipe)
+
+
 def test_seeded_generator_makes_worker_draws_reproducible():
-    a = _noise_per_epoch(seed_worker, generator=make_generator(3))
-    b = _noise_per_epoch(seed_worker, generator=make_generator(3))
-    c = _noise_per_epoch(seed_worker, generator=make_generator(4))
+    a = _noise_per_epoch(seed_worker, generator=torch.Generator().manual_seed(3))
+    b = _noise_per_epoch(seed_worker, generator=torch.Generator().manual_seed(3))
+    c = _noise_per_epoch(seed_worker, generator=torch.Generator().manual_seed(4))
     assert fingerprint(a) == fingerprint(b) != fingerprint(c)
 
 
@@ -365,103 +368,7 @@ def test_dataset_validates_arguments():
         NoiseAugmentedDataset(torch.zeros(4, 2), torch.zeros(4), seed=1, own_generator=False)
 
 
-# --- capture / restore -------------------------------------------------------------------------
-
-
-def test_restore_replays_every_generator():
-    gen = make_generator(9)
-    state = capture_rng_state([gen])
-    first = (_draws(), torch.rand(4, generator=gen).tolist())
-    restore_rng_state(state, [gen])
-    assert (_draws(), torch.rand(4, generator=gen).tolist()) == first
-
-
-def test_rng_state_round_trips_through_a_weights_only_checkpoint():
-    gen = make_generator(1)
-    state = capture_rng_state([gen])
-    buffer = io.BytesIO()
-    torch.save({"rng": state.to_dict()}, buffer)
-    buffer.seek(0)
-    loaded = RngState.from_dict(torch.load(buffer, weights_only=True)["rng"])
-    expected = (_draws(), torch.rand(2, generator=gen).tolist())
-    restore_rng_state(loaded, [gen])
-    assert (_draws(), torch.rand(2, generator=gen).tolist()) == expected
-    assert fingerprint(loaded.to_dict()) == fingerprint(state.to_dict())
-
-
-def test_restore_rejects_mismatched_arguments():
-    state = capture_rng_state([make_generator(0)])
-    with pytest.raises(ValueError, match="same generators"):
-        restore_rng_state(state)
-    with pytest.raises(TypeError):
-        restore_rng_state("state")
-    with pytest.raises(TypeError):
-        capture_rng_state(make_generator(0))  # a bare generator, not a list
-    with pytest.raises(ValueError):
-        RngState.from_dict({"python": 1})
-
-
-# --- resume equals uninterrupted ---------------------------------------------------------------
-
-
-def _make_run(seed: int):
-    """Model, optimizer, scheduler, loader and loader generator for a tiny seeded run."""
-    seed_everything(seed)
-    data_gen = torch.Generator().manual_seed(1000)  # fixed data, independent of the run's seed
-    inputs, targets = torch.randn(48, 6, generator=data_gen), torch.randn(48, 1, generator=data_gen)
-    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
-    loader_gen = make_generator(seed)
-    ds = NoiseAugmentedDataset(inputs, targets, noise_std=0.1, seed=seed)
-    loader = DataLoader(ds, batch_size=8, shuffle=True, num_workers=2, worker_init_fn=seed_worker, generator=loader_gen)
-    return model, opt, sched, loader, loader_gen
-
-
-def _train_epochs(model, opt, sched, loader, epochs: int) -> None:
-    for _ in range(epochs):
-        for x, y in loader:
-            opt.zero_grad(set_to_none=True)
-            nn.functional.mse_loss(model(x), y).backward()
-            opt.step()
-        sched.step()
-
-
-def _resumed_fingerprint(restore_rng: bool) -> str:
-    model, opt, sched, loader, gen = _make_run(0)
-    _train_epochs(model, opt, sched, loader, 1)
-    buffer = io.BytesIO()
-    torch.save(
-        {
-            "model": model.state_dict(),
-            "opt": opt.state_dict(),
-            "sched": sched.state_dict(),
-            "rng": capture_rng_state([gen]).to_dict(),
-        },
-        buffer,
-    )
-    random.random(), np.random.rand(), torch.rand(5)  # the world moves on between save and resume
-    buffer.seek(0)
-    ckpt = torch.load(buffer, weights_only=True)
-    model, opt, sched, loader, gen = _make_run(1)  # fresh objects, other seed: everything must come from ckpt
-    model.load_state_dict(ckpt["model"])
-    opt.load_state_dict(ckpt["opt"])
-    sched.load_state_dict(ckpt["sched"])
-    if restore_rng:
-        restore_rng_state(RngState.from_dict(ckpt["rng"]), [gen])
-    _train_epochs(model, opt, sched, loader, 1)
-    return fingerprint(model)
-
-
-def test_resume_equals_uninterrupted_run_and_needs_the_rng_state():
-    model, opt, sched, loader, _ = _make_run(0)
-    _train_epochs(model, opt, sched, loader, 2)
-    uninterrupted = fingerprint(model)
-    assert _resumed_fingerprint(restore_rng=True) == uninterrupted
-    assert _resumed_fingerprint(restore_rng=False) != uninterrupted
-
-
-# --- review fixes: unordered inputs, NumPy scalars, checkpoints mapped to another device/dtype ---
+# --- review fixes: unordered inputs, NumPy scalars ---
 
 
 def test_fingerprint_rejects_unordered_collections():
@@ -479,36 +386,3 @@ def test_fingerprint_accepts_numpy_scalars_as_python_numbers():
     assert fingerprint({"lr": np.float64(0.5)}) == fingerprint({"lr": 0.5})
     assert fingerprint({"lr": np.float32(0.5)}) != fingerprint({"lr": 0.25})
     assert fingerprint({"ok": np.bool_(True)}) == fingerprint({"ok": True})
-
-
-def _converted_rng_dict(state, convert):
-    data = state.to_dict()
-    data["torch_cpu"] = convert(data["torch_cpu"])
-    data["cuda"] = [convert(s) for s in data["cuda"]]
-    data["generators"] = [convert(s) for s in data["generators"]]
-    return data
-
-
-def test_rng_state_from_dict_restores_states_loaded_in_another_dtype():
-    # Stands in for map_location / a conversion: the states come back as int64, not uint8.
-    gen = make_generator(3)
-    state = capture_rng_state([gen])
-    loaded = RngState.from_dict(_converted_rng_dict(state, lambda t: t.to(torch.int64)))
-    assert loaded.torch_cpu.dtype == torch.uint8 and all(g.dtype == torch.uint8 for g in loaded.generators)
-    expected = (_draws(), torch.rand(2, generator=gen).tolist())
-    restore_rng_state(loaded, [gen])
-    assert (_draws(), torch.rand(2, generator=gen).tolist()) == expected
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA for map_location='cuda'")
-def test_rng_state_restores_from_a_checkpoint_loaded_onto_cuda():
-    gen = make_generator(4)
-    state = capture_rng_state([gen])
-    buffer = io.BytesIO()
-    torch.save({"rng": state.to_dict()}, buffer)
-    buffer.seek(0)
-    loaded = RngState.from_dict(torch.load(buffer, weights_only=True, map_location="cuda")["rng"])
-    assert loaded.torch_cpu.device.type == "cpu"
-    expected = (_draws(), torch.rand(2, generator=gen).tolist())
-    restore_rng_state(loaded, [gen])
-    assert (_draws(), torch.rand(2, generator=gen).tolist()) == expected

@@ -13,9 +13,15 @@ import math
 import torch
 from torch import nn
 
-from tricks_lib.design.probe_blocks import _check_width
-
 __all__ = ["HYBRID_LAYOUTS", "hybrid_net", "hybrid_nets"]
+
+
+def _check_width(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be a whole number, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be at least 1, got {value}")
+    return value
 
 
 class _ConvBlock(nn.Module):

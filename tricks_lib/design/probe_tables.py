@@ -5,7 +5,7 @@
 Tables 1-4; ``paper_throughput_ratios(guideline, row, multiplier)`` gives a row's throughput over its
 table's first row. ``trend_against_paper(paper_ratio, row)`` reads a measured comparison row's paired
 interval against the paper's throughput ratio ("holds", "stronger", "weaker", "inverts", "not resolved
-here"). ``ProbeTable`` is one table timed here (the probe networks of ``probe_blocks``), at the paper's
+here"). ``ProbeTable`` is one table timed here (the probe networks, written out in notebook 04), at the paper's
 thread count and optionally at the machine's default one; ``ProbeTrends`` every timed table side by side.
 """
 

@@ -5,10 +5,6 @@ so a dense kernel does the same work as before. Structured pruning removes whole
 a convolution, and with them the matching input channels of the next layer and the BatchNorm
 entries in between: the layers get smaller, and so do their FLOPs.
 
-``magnitude_prune(model, sparsity)`` is the unstructured baseline: a copy whose conv and linear
-weights lose ``sparsity`` of their entries by global L1 magnitude (``torch.nn.utils.prune``, masks
-kept), and the share of zeros it really holds; ``SparsitySweep`` tabulates such copies' accuracy.
-
 ``prune_conv_channels(model, fraction)`` does that for a plain chain of convolutions (each
 ``Conv2d`` feeding the next, an optional ``BatchNorm2d`` after each, then global pooling and one
 ``Linear`` head), such as ``tricks_lib.training.models.SmallCNN``. In every convolution it keeps the output
@@ -21,15 +17,11 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
 
 import torch
-import torch.nn.utils.prune as prune
 from torch import nn
 
-from tricks_lib.formatting import markdown_table
-
-__all__ = ["SparsitySweep", "kept_channel_counts", "magnitude_prune", "prune_conv_channels"]
+__all__ = ["kept_channel_counts", "prune_conv_channels"]
 
 
 def kept_channel_counts(channels: tuple[int, ...], fraction: float) -> tuple[int, ...]:
@@ -138,47 +130,3 @@ def prune_conv_channels(model: nn.Module, fraction: float) -> nn.Module:
         new_head.bias.copy_(head.bias)
     _replace(pruned, head, new_head.to(head.weight.device, head.weight.dtype))
     return pruned.train(model.training)
-
-
-def magnitude_prune(model: nn.Module, sparsity: float) -> tuple[nn.Module, float]:
-    """A copy of ``model`` with ``sparsity`` of its conv and linear weights zeroed by global L1 magnitude.
-
-    ``torch.nn.utils.prune.global_unstructured`` keeps each dense weight as ``weight_orig`` and a mask
-    applied in a forward pre-hook: the tensors keep their shapes.
-
-    Returns:
-        ``(pruned copy, share of the pruned weights that are zero)``.
-
-    Raises:
-        TypeError: ``model`` is not an ``nn.Module`` or ``sparsity`` is not a number.
-        ValueError: ``sparsity`` outside ``[0, 1)``, or no conv or linear layer to prune.
-    """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-    if isinstance(sparsity, bool) or not isinstance(sparsity, (int, float)):
-        raise TypeError(f"sparsity must be a number in [0, 1), got {sparsity!r}")
-    if not 0 <= sparsity < 1:
-        raise ValueError(f"sparsity must be in [0, 1) (0.9 zeroes 90% of the weights), got {sparsity!r}")
-    pruned = copy.deepcopy(model)
-    targets = [(m, "weight") for m in pruned.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
-    if not targets:
-        raise ValueError("magnitude_prune needs at least one Conv2d or Linear layer")
-    prune.global_unstructured(targets, pruning_method=prune.L1Unstructured, amount=sparsity)
-    zeros = sum(int((m.weight == 0).sum()) for m, _ in targets)
-    return pruned, zeros / sum(m.weight.numel() for m, _ in targets)
-
-
-@dataclass(frozen=True)
-class SparsitySweep:
-    """Test accuracy of magnitude-pruned copies (no fine-tune) next to the dense model's; renders as a table."""
-
-    dense_accuracy: float
-    rows: tuple[tuple[float, float, float], ...]  # (target sparsity, zeros measured, test accuracy)
-
-    def _repr_markdown_(self) -> str:
-        body = [["0% (dense)", "-", f"{self.dense_accuracy:.1%}"]]
-        body += [[f"{t:.0%}", f"{z:.1%}", f"{a:.1%}"] for t, z, a in self.rows]
-        return markdown_table(["target sparsity", "zeros measured", "test accuracy (no fine-tune)"], body)
-
-    def __repr__(self) -> str:
-        return self._repr_markdown_()

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-__all__ = ["SUPPORTED_BITS", "WeightFakeQuant", "fake_quantize", "fake_quantize_weights", "weight_levels"]
+__all__ = ["SUPPORTED_BITS", "WeightFakeQuant", "fake_quantize", "fake_quantize_weights"]
 
 SUPPORTED_BITS = (1, 2, 4, 8)
 _TWN_THRESHOLD = 0.7  # Li & Liu's approximation of the optimal ternary threshold, times mean(|w|)
@@ -104,22 +104,3 @@ def fake_quantize_weights(model: nn.Module, bits: int) -> nn.Module:
     for layer in layers:
         parametrize.register_parametrization(layer, "weight", WeightFakeQuant(bits))
     return copied
-
-
-@torch.no_grad()
-def weight_levels(model: nn.Module) -> int:
-    """The most distinct weight values of any output channel of any Linear/Conv2d (as used in forward).
-
-    A ``bits``-bit fake-quantized model has at most 2 (1 bit), 3 (ternary) or ``2 ** bits - 1`` levels.
-
-    Raises:
-        TypeError: ``model`` is not an ``nn.Module``.
-    """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"weight_levels needs an nn.Module, got {type(model).__name__}")
-    most = 0
-    for m in model.modules():
-        if isinstance(m, (nn.Linear, nn.Conv2d)):
-            rows = m.weight.reshape(m.weight.shape[0], -1)
-            most = max(most, max(len(torch.unique(row)) for row in rows))
-    return most

@@ -2,36 +2,29 @@
 
 Modules: ``airbench`` (the network, its whitening init, the published records), ``config`` (``LadderConfig``:
 the rungs are its fields), ``images`` (the photos or CIFAR-10 as tensors, and batch augmentation),
-``run`` (``run_ladder``, ``run_to_target``: one training function for every rung; ``make_training_step``: one
-of its steps per call, to time), ``results`` (each rung's
-runs over seeds and its verdict).
+``run`` (``run_ladder``, ``train_to_target``, ``run_to_target``: the measuring around the caller's training
+step, which the capstone notebook writes out), ``results`` (each rung's runs over seeds and its verdict).
 """
 
 from tricks_lib.ladder.airbench import (
     AIRBENCH94_WIDTHS,
+    PUBLISHED_RECORDS,
     TRAINING_FLOPS_PER_FORWARD,
     Airbench94,
     PublishedRecord,
     RecordComparison,
-    airbench94_parameter_count,
     init_whitening,
     make_airbench94,
 )
 from tricks_lib.ladder.config import LadderConfig, TargetTrace, TrainingRun
 from tricks_lib.ladder.images import HostAugmentedDataset, ImageData, augment_batch, cifar10_data, photo_data
 from tricks_lib.ladder.results import CompilePayback, EpochsChange, Ladder, LadderReading, Rung, RungResult
-from tricks_lib.ladder.run import (
-    lr_factor,
-    make_training_step,
-    run_ladder,
-    run_to_target,
-    train_to_target,
-    unsupported_reason,
-)
+from tricks_lib.ladder.run import BuildStep, run_ladder, run_to_target, train_to_target, unsupported_reason
 
 __all__ = [
     "AIRBENCH94_WIDTHS",
     "Airbench94",
+    "BuildStep",
     "CompilePayback",
     "EpochsChange",
     "HostAugmentedDataset",
@@ -39,6 +32,7 @@ __all__ = [
     "Ladder",
     "LadderConfig",
     "LadderReading",
+    "PUBLISHED_RECORDS",
     "PublishedRecord",
     "RecordComparison",
     "Rung",
@@ -46,13 +40,10 @@ __all__ = [
     "TRAINING_FLOPS_PER_FORWARD",
     "TargetTrace",
     "TrainingRun",
-    "airbench94_parameter_count",
     "augment_batch",
     "cifar10_data",
     "init_whitening",
-    "lr_factor",
     "make_airbench94",
-    "make_training_step",
     "photo_data",
     "run_ladder",
     "run_to_target",

@@ -1,7 +1,7 @@
 """The ladder's configuration and per-run results: ``LadderConfig`` (one training run: the recipe and
 the tricks switched on), ``TargetTrace`` and ``TrainingRun`` (what one seed of one rung measured).
 
-Their own module so that ``ladder`` (which trains) and ``ladder_results`` (which reads the runs)
+Their own module so that ``run`` (which trains) and ``results`` (which reads the runs)
 both import them, and neither imports the other's back.
 """
 
@@ -29,7 +29,7 @@ class LadderConfig:
     """One training run: the recipe (first block) and the tricks the ladder switches on (second block).
 
     Defaults are the ladder's baseline: fp32, eager, a host input pipeline, batch 64, a for-loop
-    optimizer, no warm-up, and none of airbench's own tricks. ``LadderConfig.airbench94()`` is the top.
+    optimizer, no warm-up, and none of airbench's own tricks.
     """
 
     width: float = 0.25  # multiplier of airbench94's widths (64, 256, 256)
@@ -67,14 +67,6 @@ class LadderConfig:
             raise ValueError(f"autocast_dtype must be torch.float16, torch.bfloat16 or None, got {self.autocast_dtype}")
         if not 0 <= self.warmup_fraction < 1 or not 0 <= self.label_smoothing < 1:
             raise ValueError("warmup_fraction and label_smoothing must be in [0, 1)")
-
-    @classmethod
-    def airbench94(cls, **recipe) -> LadderConfig:
-        """Every trick on, as airbench94 trains (batch 1024 there; pass ``batch_size`` for small data)."""
-        tricks = dict(on_device_data=True, channels_last=True, autocast_dtype=torch.bfloat16, batch_size=1024,
-                      warmup_fraction=0.23, optimizer_impl="foreach", compile=True, label_smoothing=0.2,
-                      lookahead=True, flip_tta=True, whitening=True)  # fmt: skip
-        return cls(**{**tricks, **recipe})
 
     @property
     def lr(self) -> float:

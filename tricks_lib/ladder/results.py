@@ -4,8 +4,8 @@
 do not overlap; a rung that reused a graph the rung before compiled (one process runs the whole
 ladder) is compared without the compile on both sides, since a reader's fresh process pays it again.
 Time to target is epochs to target times the time per epoch: ``Ladder.epochs_change`` reads the first,
-seed by seed (``EpochsChange``, an exact sign test), and a paired step comparison (``make_training_step``
-with ``compare``) reads the second. ``Ladder.reading`` reads the stack at the rung with the least mean time
+seed by seed (``EpochsChange``, an exact sign test), and the paired step comparison ``Ladder.steps``
+(``run_ladder`` times it with ``compare``) reads the second. ``Ladder.reading`` reads the stack at the rung with the least mean time
 to target among those that reached it in every seed (a ranking of means, not a test), and lists the
 rungs that missed it.
 """
@@ -17,14 +17,14 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 import torch
 
 from tricks_lib._validate import check_positive
 from tricks_lib.formatting import format_bytes, format_seconds, markdown_table
 from tricks_lib.ladder.config import LadderConfig, TrainingRun
-from tricks_lib.outcome import Outcome, SummaryRow
+from tricks_lib.outcome import Outcome
 
 if TYPE_CHECKING:
     from tricks_lib.measurements import Comparison
@@ -138,12 +138,11 @@ def _reused_compile(before: RungResult, rung: RungResult) -> bool:
 class Ladder:
     """Every rung of a ladder, in order; each rung's config keeps the changes of the rungs before it."""
 
-    record_kind: ClassVar[str] = "ladder"  # the kind ``record()`` files it under
-
     rungs: tuple[RungResult, ...]
     data: str
     device: str
     target: float
+    steps: Comparison | None = None  # each rung's training step timed against the others (paired), if timed
 
     def __getitem__(self, name: str) -> RungResult:
         for rung in self.rungs:
@@ -171,12 +170,6 @@ class Ladder:
         slower when the seeds' times do not overlap, else not significant; baseline for the first rung; None
         when there is no time to compare (skipped, or a side missed the target)."""
         return self._read(name, self._before(name), "the rung before")[0]
-
-    def verdict_against(self, name: str, reference: str, *, label: str | None = None) -> str:
-        """``name``'s time to target against any rung ``reference`` (e.g. the top rung against the
-        baseline), read like ``verdict``: faster or slower only when the seeds' times do not overlap.
-        ``label`` names the reference in the sentence (default: its name)."""
-        return self._read(name, self[reference].name, reference if label is None else label)[1]
 
     def _before(self, name: str) -> str | None:
         before = None if self[name].skipped else self.previous(name)
@@ -280,14 +273,15 @@ class Ladder:
             target=self.target,
         )
 
-    def compile_payback(self, images_per_epoch: int, steps: Comparison | None = None) -> CompilePayback | None:
+    def compile_payback(self, images_per_epoch: int) -> CompilePayback | None:
         """The first compiled rung's compile against the faster steps it buys (None: no compiled rung ran).
+
+        The step speeds and the compiled step's paired verdict against the eager one come from ``steps`` (the
+        step comparison, variants named as the rungs, ``items`` their batch sizes); without it, the speeds are
+        the training runs' means (not paired, no verdict).
 
         Args:
             images_per_epoch: training images per epoch, to count the images one run trains.
-            steps: a ``compare`` of the rungs' training steps (variants named as the rungs, ``items`` their
-                batch sizes): the step speeds and the compiled step's paired verdict against the eager one
-                come from it. Without it, the speeds are the training runs' means (not paired, no verdict).
 
         Raises:
             ValueError: the compiled rung is the baseline. KeyError: ``steps`` lacks either rung.
@@ -301,7 +295,7 @@ class Ladder:
             raise ValueError(f"the compiled rung {compiled.name!r} is the baseline: nothing eager to compare with")
         epochs = compiled.runs[0].trace.epochs_to_target
         speeds = (eager.mean("images_per_second"), compiled.mean("images_per_second"))
-        step = None
+        step, steps = None, self.steps
         if steps is not None:
             step = steps.versus(compiled.name, eager.name)
             speeds = (steps[eager.name].measurement.items_per_second, step.measurement.items_per_second)
@@ -321,11 +315,6 @@ class Ladder:
     def helped(self, name: str) -> bool:
         """True when ``name`` reached the target in every seed, clearly faster than the rung before."""
         return self.outcome(name) is Outcome.FASTER
-
-    def speedup(self, name: str) -> float | None:
-        """The baseline's mean time to target over ``name``'s (None when either missed the target)."""
-        base, rung = self.ran[0].mean_time, self[name].mean_time
-        return None if base is None or rung is None else base / rung
 
     def _row(self, r: RungResult) -> list[str]:
         def pm(mean, spread, fmt):
@@ -362,45 +351,6 @@ class Ladder:
 
     def __repr__(self) -> str:
         return f"Ladder({len(self.rungs)} rungs, target {self.target:.0%}, {self.data}, {self.device})"
-
-    def summary_rows(self) -> tuple[SummaryRow, ...]:
-        # ``speedup`` reads each rung against the baseline; the verdict and its outcome, against the rung before.
-        rows = []
-        for r in self.rungs:
-            outcome, verdict = self._read(r.name, self._before(r.name), "the rung before")
-            peak = None if r.skipped else r.mean("peak_memory_bytes")
-            rows.append(
-                SummaryRow(
-                    variant=r.name,
-                    device=self.device,
-                    median_s=r.mean_time,
-                    iqr_s=r.time_spread,
-                    speedup=None if r.skipped else self.speedup(r.name),
-                    verdict=verdict,
-                    outcome=None if outcome is None else outcome.value,
-                    items_per_second=None if r.skipped else r.mean("images_per_second"),
-                    peak_allocated_bytes=None if peak is None else int(peak),
-                )
-            )
-        return tuple(rows)
-
-    def to_dict(self) -> dict:
-        def finite(x):
-            return x if x is None or math.isfinite(x) else None
-
-        return {
-            "data": self.data,
-            "device": self.device,
-            "target": self.target,
-            "rungs": [
-                {"name": r.name, "skip_reason": r.skip_reason, "config": None if r.config is None else repr(r.config),
-                 "runs": [{"seed": run.seed, "time_to_target_s": finite(run.time_to_target),
-                           "accuracies": list(run.trace.accuracies), "images_per_second": run.images_per_second,
-                           "compile_s": run.compile_seconds, "peak_memory_bytes": run.peak_memory_bytes,
-                           "saved_bytes": run.saved_bytes} for run in r.runs]}
-                for r in self.rungs
-            ],
-        }  # fmt: skip
 
     def plot(self, axes=None):
         """Two panels: time to target per rung (mean, one dot per seed), and final accuracy, under a title

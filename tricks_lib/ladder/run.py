@@ -1,31 +1,35 @@
 """Time to a target accuracy, one training trick added at a time: airbench94's recipe as a ladder.
 
-One training function, ``train_to_target(config, data, seed=...)``, whose tricks are the fields of
-one frozen ``LadderConfig``: every rung of the ladder runs this same code with one option changed.
-It trains airbench94's network (``tricks_lib.ladder.airbench``) on a fixed schedule, evaluates after each
-epoch and stops at the first evaluation at or above the target (``run_to_target``), as DAWNBench
-and airbench measure "time to 94%". Each stretch (setup, each epoch, each evaluation) is timed
-like a first call (``time_first_call``: device synchronized before and after), because a whole
-training run is a one-off cost, not a loop to average; compile time lands inside the first epoch
-and is also reported on its own.
+The training step is the caller's: ``build_step(config, model, total_steps, device)`` (the capstone
+notebook writes it out, every trick a line switched by a field of ``config``) returns ``step(x, y, i)``,
+one optimizer step on a batch, ``i`` the step's index in the run. This module measures it.
+``train_to_target(config, data, build_step, seed=...)`` builds airbench94's network from the seed
+(``tricks_lib.ladder.airbench``), moves the data to the device (and initializes the whitening conv from
+it when ``config.whitening``), feeds the step its batches (a host ``DataLoader``, or the images already
+on the device when ``config.on_device_data``), evaluates after each epoch (flip test-time augmentation
+when ``config.flip_tta``) and stops at the first evaluation at or above the target (``run_to_target``),
+as DAWNBench and airbench measure "time to 94%". Each stretch (setup, each epoch, each evaluation) is
+timed like a first call (``time_first_call``: device synchronized before and after), because a whole
+training run is a one-off cost, not a loop to average; compile time lands inside the first step and
+is also reported on its own.
 
-The data (``ImageData``, ``photo_data``, ``cifar10_data``, ``augment_batch``) live in
-``tricks_lib.ladder.images`` and the results (``Rung``, ``RungResult``, ``Ladder``) in
-``tricks_lib.ladder.results``; the package ``tricks_lib.ladder`` re-exports all three modules.
-
-``run_ladder(base, rungs, data, seeds=...)`` stacks the rungs (each keeps the changes before it),
-trains every rung from the same seeds and returns a ``Ladder`` (mean and spread over seeds, a
-verdict per rung against the one before, ``plot()``, ``summary_rows()`` for the run summary).
+``run_ladder(base, rungs, data, build_step, seeds=...)`` stacks the rungs (each keeps the changes before
+it), trains every rung from the same seeds, times each rung's step against the others (``compare``,
+paired) and returns a ``Ladder`` (mean and spread over seeds, a verdict per rung against the one before,
+``epochs_change``, ``compile_payback``, ``plot()``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
+from tricks_lib.comparing import DEFAULT_BUDGET, Budget, compare
+from tricks_lib.compiling import fresh_compile_cache
 from tricks_lib.env import pick_device
 from tricks_lib.ladder.airbench import init_whitening, make_airbench94
 from tricks_lib.ladder.config import LadderConfig, TargetTrace, TrainingRun
@@ -35,18 +39,12 @@ from tricks_lib.memory import measure_memory
 from tricks_lib.progress import optional_progress_bar
 from tricks_lib.timing import time_first_call
 
-__all__ = ["lr_factor", "make_training_step", "run_ladder", "run_to_target", "train_to_target", "unsupported_reason"]
+__all__ = ["BuildStep", "run_ladder", "run_to_target", "train_to_target", "unsupported_reason"]
 
-
-def lr_factor(step: int, total_steps: int, warmup_fraction: float, *, start: float = 0.2, end: float = 0.07) -> float:
-    """LR multiplier at ``step``: linear from ``start`` to 1 over the warm-up, then linear to ``end`` at the last step.
-
-    Without warm-up it starts at 1. With ``warmup_fraction=0.23`` it is airbench94's triangle schedule.
-    """
-    peak = int(warmup_fraction * total_steps)
-    if step < peak:
-        return start + (1 - start) * step / peak
-    return 1 + (end - 1) * (step - peak) / max(total_steps - peak, 1)
+# build_step(config, model, total_steps, device) -> step(x, y, i): the caller's training step (see the docstring).
+BuildStep = Callable[
+    [LadderConfig, torch.nn.Module, int, torch.device], Callable[[torch.Tensor, torch.Tensor, int], object]
+]
 
 
 # --------------------------------------------------------------------------------------------- timing
@@ -86,69 +84,53 @@ def run_to_target(
     return TargetTrace(tuple(accuracies), tuple(elapsed), tuple(train_seconds), target)
 
 
-def _make_optimizer(model: torch.nn.Module, config: LadderConfig) -> torch.optim.Optimizer:
-    norm_biases = [p for n, p in model.named_parameters() if "norm" in n and n.endswith("bias") and p.requires_grad]
-    others = [p for n, p in model.named_parameters() if p.requires_grad and not any(p is q for q in norm_biases)]
-    lr, scaler = config.lr, config.bias_scaler
-    impl = {"for-loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}[
-        config.optimizer_impl
-    ]
-    groups = [
-        {"params": norm_biases, "lr": lr * scaler, "weight_decay": config.weight_decay / scaler},
-        {"params": others, "lr": lr, "weight_decay": config.weight_decay},
-    ]
-    return torch.optim.SGD(groups, lr=lr, momentum=config.momentum, nesterov=True, **impl)
-
-
-def _autocast(config: LadderConfig, device: torch.device):
-    return torch.autocast(
-        device.type, dtype=config.autocast_dtype or torch.float32, enabled=config.autocast_dtype is not None
-    )
-
-
 def train_to_target(
     config: LadderConfig,
     data: ImageData,
+    build_step: BuildStep,
     *,
     seed: int = 0,
     device: str | torch.device | None = None,
     stop_at_target: bool = True,
 ) -> TrainingRun:
-    """Train airbench94's network with ``config``'s tricks until the test accuracy reaches ``config.target``.
+    """Train airbench94's network with ``build_step``'s step for ``config`` until the test accuracy reaches the target.
 
-    The same code for every rung: each trick is an ``if`` on one field of ``config``. Seeds fix the
-    initial weights, the shuffling and the augmentation, so rungs that compute the same function
-    (memory layout, optimizer implementation) see the same batches.
+    The same measuring code for every rung. Seeds fix the initial weights, the shuffling and the
+    augmentation, so rungs that compute the same function (memory layout, optimizer implementation)
+    see the same batches.
 
     Returns:
         A ``TrainingRun``; its ``time_to_target`` is None when the schedule ended below the target.
+
+    Raises:
+        TypeError: ``config`` is not a ``LadderConfig``, ``data`` not an ``ImageData`` or ``build_step`` not callable.
     """
-    if not isinstance(config, LadderConfig) or not isinstance(data, ImageData):
-        raise TypeError("train_to_target(config, data) needs a LadderConfig and an ImageData")
+    _check(config, data, build_step)
     dev = pick_device(device) if device is not None else pick_device()
-    run, setup_seconds = _set_up_training(config, data, seed, dev)
+    run, setup_seconds = _set_up_training(config, data, build_step, seed, dev)
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     trace = run_to_target(
-        lambda epoch: _train_epoch(run, epoch), lambda: _evaluate(run), epochs=config.epochs, target=config.target,
+        lambda epoch: _train_epoch(run), lambda: _evaluate(run), epochs=config.epochs, target=config.target,
         setup_seconds=setup_seconds, stop_at_target=stop_at_target, device=dev,
     )  # fmt: skip
     peak = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None
     return _training_run(run, trace, seed=seed, setup_seconds=setup_seconds, peak_memory_bytes=peak)
 
 
+def _check(config: object, data: object, build_step: object) -> None:
+    if not isinstance(config, LadderConfig) or not isinstance(data, ImageData) or not callable(build_step):
+        raise TypeError("needs a LadderConfig, an ImageData and a build_step(config, model, total_steps, device)")
+
+
 @dataclasses.dataclass
 class _Training:
-    """One training run in progress: what its steps share (model, tools, data on the device) and its counters."""
+    """One training run in progress: its model and step, the data on the device and the step counter."""
 
     config: LadderConfig
     device: torch.device
-    memory_format: torch.memory_format
     model: torch.nn.Module
-    forward: Callable[[torch.Tensor], torch.Tensor]  # the model, or torch.compile(model)
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LambdaLR
-    scaler: torch.amp.GradScaler
+    step: Callable[[torch.Tensor, torch.Tensor, int], object]  # the caller's step(x, y, i)
     loader: torch.utils.data.DataLoader | None  # None: batches come from the augmented images on the device
     generator: torch.Generator  # on the device: augmentation and shuffling of on-device batches
     on_device: dict[str, torch.Tensor]
@@ -156,27 +138,29 @@ class _Training:
     total_steps: int
     steps_done: int = 0
     first_step_seconds: float = 0.0
-    whiten_bias_frozen: bool = False
-    lookahead: dict[str, torch.Tensor] | None = None
 
 
-def _set_up_training(config: LadderConfig, data: ImageData, seed: int, dev: torch.device) -> tuple[_Training, float]:
-    """Build the model, its optimizer, schedule and batches from ``seed``; also the seconds of the timed setup.
+def _set_up_training(
+    config: LadderConfig, data: ImageData, build_step: BuildStep, seed: int, dev: torch.device
+) -> tuple[_Training, float]:
+    """Build the model from ``seed``, its step and its batches; also the seconds of the timed setup.
 
     The timed setup is the data's move to the device (and the whitening's initialization from it).
     """
-    memory_format = torch.channels_last if config.channels_last else torch.contiguous_format
+    steps_per_epoch = len(data.train_labels) // config.batch_size  # drop_last: one batch shape, one compile
+    if steps_per_epoch < 1:
+        raise ValueError(f"batch_size {config.batch_size} exceeds the {len(data.train_labels)} training images")
     torch.manual_seed(seed)
     model = make_airbench94(
         config.width, num_classes=len(data.class_names), frozen_bn_scales=config.whitening,
         frozen_whitening=config.whitening,
-    ).to(dev, memory_format=memory_format)  # fmt: skip
+    ).to(dev)  # fmt: skip
     mean, std = data.mean.to(dev).view(1, 3, 1, 1), data.std.to(dev).view(1, 3, 1, 1)
-    generator = torch.Generator(dev).manual_seed(seed)
+    evaluation_format = torch.channels_last if config.channels_last else torch.contiguous_format
     on_device: dict[str, torch.Tensor] = {}
 
     def setup() -> None:
-        test = ((data.test_images.to(dev).float() / 255 - mean) / std).contiguous(memory_format=memory_format)
+        test = ((data.test_images.to(dev).float() / 255 - mean) / std).contiguous(memory_format=evaluation_format)
         on_device["test"], on_device["test_labels"] = test, data.test_labels.to(dev)
         if config.on_device_data or config.whitening:
             train = (data.train_images.to(dev).float() / 255 - mean) / std  # (N, 3, H, W) float, normalized once
@@ -185,27 +169,14 @@ def _set_up_training(config: LadderConfig, data: ImageData, seed: int, dev: torc
             init_whitening(model.whiten, on_device["train"][:5000])
 
     setup_seconds = time_first_call(setup, device=dev)
-    optimizer = _make_optimizer(model, config)
-    steps_per_epoch = len(data.train_labels) // config.batch_size  # drop_last: one batch shape, one compile
-    if steps_per_epoch < 1:
-        raise ValueError(f"batch_size {config.batch_size} exceeds the {len(data.train_labels)} training images")
     total_steps = steps_per_epoch * config.epochs
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: lr_factor(min(s, total_steps), total_steps, config.warmup_fraction)
-    )
-    scaler = torch.amp.GradScaler(dev.type, enabled=config.autocast_dtype == torch.float16)
-    forward = torch.compile(model) if config.compile else model
     run = _Training(
         config=config,
         device=dev,
-        memory_format=memory_format,
         model=model,
-        forward=forward,
-        optimizer=optimizer,
-        scheduler=scheduler,
-        scaler=scaler,
+        step=build_step(config, model, total_steps, dev),
         loader=None if config.on_device_data else _host_loader(config, data, seed, dev),
-        generator=generator,
+        generator=torch.Generator(dev).manual_seed(seed),
         on_device=on_device,
         steps_per_epoch=steps_per_epoch,
         total_steps=total_steps,
@@ -227,99 +198,54 @@ def _batches(run: _Training):
     config, dev = run.config, run.device
     if run.loader is not None:
         for x, y in run.loader:
-            yield x.to(dev, non_blocking=True).contiguous(memory_format=run.memory_format), y.to(dev, non_blocking=True)
+            yield x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
         return
     images = augment_batch(run.on_device["train"], translate=config.translate, generator=run.generator)
-    images = images.contiguous(memory_format=run.memory_format)
     order = torch.randperm(len(images), device=dev, generator=run.generator)
     for i in range(run.steps_per_epoch):
         idx = order[i * config.batch_size : (i + 1) * config.batch_size]
         yield images[idx], run.on_device["train_labels"][idx]
 
 
-def _step(run: _Training, x: torch.Tensor, y: torch.Tensor) -> None:
-    """One optimizer step on the batch ``x`` (B, 3, H, W), ``y`` (B,): forward, loss, backward, update."""
-    with _autocast(run.config, run.device):
-        loss = F.cross_entropy(run.forward(x), y, label_smoothing=run.config.label_smoothing)
-    run.optimizer.zero_grad(set_to_none=True)
-    run.scaler.scale(loss).backward()
-    if run.whiten_bias_frozen:  # no gradient: SGD skips the parameter (a requires_grad flip would recompile)
-        run.model.whiten.bias.grad = None
-    run.scaler.step(run.optimizer)
-    run.scaler.update()
-    run.scheduler.step()
-
-
-def _after_step(run: _Training) -> None:
-    """Count the step; every 5th step from 30% of the schedule, airbench's lookahead EMA (when the config has it)."""
-    run.steps_done += 1
-    steps, total = run.steps_done, run.total_steps
-    if run.config.lookahead and steps >= 0.3 * total and steps % 5 == 0:
-        run.lookahead = _lookahead_update(run.model, run.lookahead, (0.95**5) * (steps / total) ** 3)
-
-
-def _start_epoch(run: _Training, epoch: int) -> None:
-    run.model.train()
-    # airbench trains the whitening layer's bias for the first 3 of its 9.9 epochs, then freezes it
-    run.whiten_bias_frozen = run.config.whitening and epoch >= max(1, round(run.config.epochs * 0.3))
-
-
-def _train_epoch(run: _Training, epoch: int) -> None:
+def _train_epoch(run: _Training) -> None:
     """One epoch of steps; the run's very first step is timed on its own (it holds the compile time)."""
-    _start_epoch(run, epoch)
+    run.model.train()
     for x, y in _batches(run):
         if run.steps_done == 0:
-            run.first_step_seconds = time_first_call(lambda x=x, y=y: _step(run, x, y), device=run.device)
+            run.first_step_seconds = time_first_call(lambda x=x, y=y: run.step(x, y, 0), device=run.device)
         else:
-            _step(run, x, y)
-        _after_step(run)
-    if run.lookahead is not None:
-        _lookahead_update(run.model, run.lookahead, 1.0)
+            run.step(x, y, run.steps_done)
+        run.steps_done += 1
 
 
-def make_training_step(
-    config: LadderConfig, data: ImageData, *, seed: int = 0, device: str | torch.device | None = None
-) -> Callable[[], None]:
+def _pipeline_step(
+    config: LadderConfig, data: ImageData, build_step: BuildStep, *, seed: int = 0,
+    device: str | torch.device | None = None,
+) -> Callable[[], None]:  # fmt: skip
     """A zero-argument callable that runs one of ``config``'s training steps per call, for timing throughput.
 
     Each call takes the next batch from the rung's own input pipeline (the host ``DataLoader``, or the
-    images already on the device) and runs the same step ``train_to_target`` runs: forward, loss,
-    backward, optimizer and schedule, lookahead. The steps continue from the middle of the schedule, so
-    what acts only later in a run (lookahead from 30% of the steps, the whitening bias frozen after 30%
-    of the epochs) is on, as in most of a run's steps (past the schedule's end they go back to its
-    middle, at an epoch's start). A new epoch's work (the loader's new iterator, or
-    the on-device augmentation and shuffle of the whole training set) runs inside the call that needs
-    its first batch. With ``compile``, the first call compiles: warm it up before timing (``compare`` does).
-
-    Args:
-        config: the rung's configuration.
-        data: the training images (the test images are moved to the device but not used).
-        seed: fixes the weights, the shuffling and the augmentation.
-        device: where to train (default ``pick_device()``).
-
-    Returns:
-        The step; it returns None (its loss stays on the device: no host sync beyond the step's own).
+    images already on the device) and runs the step ``train_to_target`` runs, from the middle of the
+    schedule on (past its end, back to its middle), so that what acts only later in a run is on. A new
+    epoch's work (the loader's new iterator, or the on-device augmentation and shuffle of the whole
+    training set) runs inside the call that needs its first batch. With ``compile``, the first call
+    compiles: warm it up before timing (``compare`` does).
     """
-    if not isinstance(config, LadderConfig) or not isinstance(data, ImageData):
-        raise TypeError("make_training_step(config, data) needs a LadderConfig and an ImageData")
+    _check(config, data, build_step)
     dev = pick_device(device) if device is not None else pick_device()
-    run, _ = _set_up_training(config, data, seed, dev)
+    run, _ = _set_up_training(config, data, build_step, seed, dev)
+    run.model.train()
     run.steps_done = run.total_steps // 2
     batches = iter(())
 
     def step() -> None:
         nonlocal batches
         batch = next(batches, None)
-        if batch is None:  # the epoch's end as _train_epoch ends it; the next epoch's batches start here
-            if run.lookahead is not None:
-                _lookahead_update(run.model, run.lookahead, 1.0)
-            if run.steps_done >= run.total_steps:  # past the schedule: back to its middle, so it never ends
-                run.steps_done = run.total_steps // 2
-            _start_epoch(run, run.steps_done // run.steps_per_epoch)
+        if batch is None:  # an epoch's end: the next epoch's batches start here
             batches = _batches(run)
             batch = next(batches)
-        _step(run, *batch)
-        _after_step(run)
+        run.step(*batch, run.steps_done)
+        run.steps_done = run.steps_done + 1 if run.steps_done + 1 < run.total_steps else run.total_steps // 2
 
     return step
 
@@ -332,10 +258,15 @@ def _evaluate(run: _Training) -> float:
     with torch.inference_mode(), _autocast(config, run.device):
         for x, y in zip(test.split(config.eval_batch_size), labels.split(config.eval_batch_size)):
             logits = model(x)
-            if config.flip_tta:
+            if config.flip_tta:  # airbench's test-time augmentation: the mirror image's logits averaged in
                 logits = 0.5 * logits + 0.5 * model(x.flip(-1))
             correct += (logits.argmax(1) == y).sum()
     return correct.item() / len(labels)
+
+
+def _autocast(config: LadderConfig, device: torch.device):
+    dtype = config.autocast_dtype
+    return torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None)
 
 
 def _training_run(
@@ -346,11 +277,10 @@ def _training_run(
     typical = (sum(trace.train_seconds) - run.first_step_seconds) / max(steps - 1, 1)
     compile_seconds = max(run.first_step_seconds - typical, 0.0) if config.compile else None
     train_time = sum(trace.train_seconds) - (compile_seconds or 0.0)
-    x, y = next(_batches(run))  # one more step, only to count what autograd saves (exact on every device)
-    saved = measure_memory(
-        lambda: run.scaler.scale(F.cross_entropy(_eager_forward(run.model, x, config, run.device), y)).backward(),
-        device=run.device,
-    )
+    x, y = next(_batches(run))  # one more forward and backward, only to count what autograd saves (exact anywhere)
+    if config.channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    saved = measure_memory(lambda: F.cross_entropy(_train_forward(run, x), y).backward(), device=run.device)
     return TrainingRun(
         seed=seed,
         trace=trace,
@@ -362,23 +292,10 @@ def _training_run(
     )
 
 
-def _eager_forward(model, x, config, dev):
-    model.train()
-    with _autocast(config, dev):
-        return model(x)
-
-
-@torch.no_grad()
-def _lookahead_update(model: torch.nn.Module, ema: dict | None, decay: float) -> dict:
-    """airbench's LookaheadState: move the EMA towards the weights, then copy it back into the network."""
-    state = model.state_dict()
-    if ema is None:
-        return {k: v.clone() for k, v in state.items()}
-    for key, value in state.items():
-        if value.dtype.is_floating_point:
-            ema[key].lerp_(value, 1 - decay)
-            value.copy_(ema[key])
-    return ema
+def _train_forward(run: _Training, x: torch.Tensor) -> torch.Tensor:
+    run.model.train()
+    with _autocast(run.config, run.device):
+        return run.model(x)
 
 
 # --------------------------------------------------------------------------------------------- ladder
@@ -425,49 +342,57 @@ def run_ladder(
     base: LadderConfig,
     rungs: Sequence[Rung],
     data: ImageData,
+    build_step: BuildStep,
     *,
     seeds: Sequence[int] = (0, 1),
     device: str | torch.device | None = None,
-    context: Callable[[Rung], object] | None = None,
     warmup: bool = True,
     progress: bool = False,
     skip_unsupported: bool = False,
+    step_budget: Budget | None = DEFAULT_BUDGET,
 ) -> Ladder:
-    """Train every rung (the first one is the baseline: usually ``Rung("baseline")``) from each seed.
+    """Train every rung (the first one is the baseline: usually ``Rung("baseline")``) from each seed, with
+    ``build_step``'s step, and time each rung's step against the others.
 
     Rung ``i`` runs ``base`` with the changes of every rung up to ``i`` that is not skipped. Each seed
-    climbs the whole ladder in order before the next seed starts.
+    climbs the whole ladder in order before the next seed starts. Every run of the first compiled rung
+    starts from an empty compile cache (``fresh_compile_cache``): each seed pays a cold compile, as a
+    reader's first run does.
 
     Args:
         base: the baseline's config; ``base.target`` is every rung's target.
         rungs: the tricks in order.
         data: the train/test split.
+        build_step: ``build_step(config, model, total_steps, device)`` returns ``step(x, y, i)``.
         seeds: one run per seed per rung.
         device: where to train (default ``pick_device()``).
-        context: optional ``context(rung)`` returning a context manager each of the rung's runs
-            happens in (e.g. ``fresh_compile_cache()`` for the first compiled rung: a cold compile per seed).
         warmup: before timing, train each rung's config (eager) for two untimed steps on a few
             images, so that no rung pays the creation of its kernels inside its time to target.
-        progress: a progress bar over the training runs (off under ``TRICKS_PROGRESS=0``).
+        progress: progress bars over the training runs and the step comparison (off under ``TRICKS_PROGRESS=0``).
         skip_unsupported: skip each rung whose own changes need hardware this device lacks, with
             ``unsupported_reason`` as its skip reason (fp16 + GradScaler off CUDA, bf16 where emulated).
-    """
-    import contextlib
+        step_budget: the time budget of the step comparison (``Ladder.steps``: each rung's step on its own
+            input pipeline, from the first seed, timed with ``compare``, items its batch size); None: none.
 
+    Raises:
+        ValueError: no rungs or no seeds. TypeError: see ``train_to_target``.
+    """
     if not rungs:
         raise ValueError("rungs is empty: pass at least Rung('baseline')")
     if not seeds:
         raise ValueError("seeds is empty: pass at least one seed")
+    _check(base, data, build_step)
     dev = pick_device(device) if device is not None else pick_device()
     rungs = _skip_reasons(rungs, dev if skip_unsupported else None)
     configs = _cumulative(base, rungs)
     ran = [(rung, config) for rung, config in zip(rungs, configs) if config is not None]
+    first_compiled = next((rung.name for rung, config in ran if config.compile), None)
     if warmup:  # untimed: each config's eager kernels are created once (oneDNN/cuDNN pick them at first use)
         for _, config in ran:
             small = dataclasses.replace(config, epochs=1, compile=False, target=1.0)
             n = min(2 * config.batch_size, len(data.train_labels))
             subset = dataclasses.replace(data, train_images=data.train_images[:n], train_labels=data.train_labels[:n])
-            train_to_target(small, subset, seed=0, device=dev)
+            train_to_target(small, subset, build_step, seed=0, device=dev)
     bar = optional_progress_bar(progress, len(seeds) * len(ran), "training the ladder")
     runs: dict[str, list[TrainingRun]] = {rung.name: [] for rung, _ in ran}
     try:
@@ -475,17 +400,24 @@ def run_ladder(
         # shows up in every rung's spread, not as a fake gain of the rungs trained last.
         for seed in seeds:
             for rung, config in ran:
-                with context(rung) if context is not None else contextlib.nullcontext():
-                    runs[rung.name].append(train_to_target(config, data, seed=seed, device=dev))
+                with fresh_compile_cache() if rung.name == first_compiled else contextlib.nullcontext():
+                    runs[rung.name].append(train_to_target(config, data, build_step, seed=seed, device=dev))
                 if bar is not None:
                     bar.set_postfix_str(rung.name)
                     bar.update(1)
     finally:
         if bar is not None:
             bar.close()
+    steps = None
+    if step_budget is not None:
+        steps = compare(
+            {rung.name: _pipeline_step(config, data, build_step, seed=seeds[0], device=dev) for rung, config in ran},
+            baseline=ran[0][0].name, items={rung.name: config.batch_size for rung, config in ran}, device=dev,
+            budget=step_budget, progress=progress, label="one training step per rung",
+        )  # fmt: skip
     results = [
         RungResult(rung.name, config, tuple(runs[rung.name])) if config is not None
         else RungResult(rung.name, None, (), rung.skip_reason)
         for rung, config in zip(rungs, configs)
     ]  # fmt: skip
-    return Ladder(tuple(results), data.name, str(dev), base.target)
+    return Ladder(tuple(results), data.name, str(dev), base.target, steps)

@@ -1,21 +1,19 @@
-"""How a fix moved a training step's phase split, and the splits' shares side by side.
+"""How a fix moved a training step's phase split.
 
 - ``phase_shift(before, after)``: how a fix moved the split, phase by phase, as a ``PhaseShift``.
-- ``plot_phase_shares(splits)``: stacked bars of each split's phase shares, both readings.
 
 The splits are ``PhaseSplit`` results of ``phase_split`` (module ``phases``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tricks_lib._validate import check_positive
 from tricks_lib.formatting import format_seconds, html_table, markdown_table
 from tricks_lib.profiling.phases import PhaseSplit
 
-__all__ = ["PhaseShift", "phase_shift", "plot_phase_shares"]
+__all__ = ["PhaseShift", "phase_shift"]
 
 
 @dataclass(frozen=True)
@@ -127,42 +125,3 @@ def phase_shift(
                 f"focus {focus!r} is not a phase of either split: {sorted({*before.phases, *after.phases})}"
             )
     return PhaseShift(change=change, before=before, after=after, tolerance=float(tolerance), focus=focus)
-
-
-def plot_phase_shares(splits: Sequence[PhaseSplit], *, title: str | None = None):
-    """Stacked horizontal bars: for each split, its phase shares by the timers and, below, by the profiler.
-
-    One colour per phase name across all splits, in the order the phases first appear.
-
-    Returns:
-        The ``matplotlib.figure.Figure`` (made without pyplot: Jupyter renders the returned figure).
-
-    Raises:
-        TypeError: ``splits`` is not a non-empty sequence of ``PhaseSplit``, or ``title`` not a string.
-    """
-    if isinstance(splits, PhaseSplit) or not isinstance(splits, Sequence) or not splits:
-        raise TypeError("splits must be a non-empty list of PhaseSplit results")
-    if not all(isinstance(s, PhaseSplit) for s in splits):
-        raise TypeError("every entry of splits must be a PhaseSplit (from phase_split)")
-    if title is not None and not isinstance(title, str):
-        raise TypeError(f"title must be a string, got {type(title).__name__}")
-    from matplotlib import colormaps
-    from matplotlib.figure import Figure
-
-    names = list(dict.fromkeys(name for s in splits for name in s.phases))
-    palette = colormaps["tab10"]
-    bars = [(f"{s.label} ({reading})", shares) for s in splits
-            for reading, shares in (("timers", s.timer_shares), ("profiler", s.profiler_shares))]  # fmt: skip
-    fig = Figure(figsize=(8, 0.9 + 0.32 * len(bars)), layout="constrained")
-    ax = fig.add_subplot()
-    for k, name in enumerate(names):
-        widths = [100 * shares.get(name, 0.0) for _, shares in bars]
-        lefts = [100 * sum(shares.get(n, 0.0) for n in names[:k]) for _, shares in bars]
-        ax.barh(range(len(bars)), widths, left=lefts, color=palette(k % palette.N), label=name)
-    ax.set_yticks(range(len(bars)), [label for label, _ in bars], fontsize=8)
-    ax.set_ylim(len(bars) - 0.5, -0.5)  # the first split on top
-    ax.set_xlim(0, 100)
-    ax.set_xlabel("share of the step's phases (%)")
-    ax.set_title(title or "where each step's time goes, by the timers and by the profiler")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    return fig

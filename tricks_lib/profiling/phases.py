@@ -10,7 +10,7 @@
 The phases are given either as an ordered mapping ``name -> callable``, each called with what the
 previous one returned (the first with the batch), or as a step function ``step(batch, phase)`` that
 marks its own phases with ``with phase("forward"): ...``. How a fix moved the split (``phase_shift``)
-and the splits' shares plotted (``plot_phase_shares``) are in ``phase_shifts``.
+is in ``phase_shifts``.
 """
 
 from __future__ import annotations
@@ -326,7 +326,7 @@ def phase_split(
     queued kernels are billed to it). Both clocks watch the same run: the profiler's per-op overhead
     is in both readings alike, and they can differ only by the clock reads and the profiler's own
     bookkeeping, so a disagreement beyond a fraction of a percentage point means something billed
-    time to the wrong phase. Without the profiler: ``step_split`` (the wait and the step) or ``compare``.
+    time to the wrong phase. Without the profiler: ``compare``.
 
     Args:
         loader: any iterable of batches (a DataLoader); it must yield at least ``warmup + steps``.

@@ -5,16 +5,10 @@
 * ``seed_worker`` is a DataLoader ``worker_init_fn``: it reseeds ``random`` and NumPy's global
   generator from the worker's torch seed, and calls ``dataset.reseed(seed)`` when the dataset owns a
   generator of its own (the one thing PyTorch cannot reseed for you).
-* ``make_generator(seed)`` gives a seeded ``torch.Generator`` for ``DataLoader(generator=...)``, so
-  the shuffle order and the workers' seeds depend on this seed alone, not on how many random numbers
-  the model drew before.
 * ``deterministic()`` switches deterministic algorithms and cuDNN's flags on for a block and
   restores them afterwards. On CUDA it also needs ``CUBLAS_WORKSPACE_CONFIG``, which cuBLAS reads
   once per process: it sets it only while CUDA is not initialized yet (for the rest of the process),
   and raises when it is too late, instead of setting a value cuBLAS would never read.
-* ``capture_rng_state()`` / ``restore_rng_state()`` save and restore every RNG state a training run
-  uses, for checkpoints that resume bit for bit; ``RngState.to_dict()`` loads with
-  ``torch.load(weights_only=True)``.
 * ``fingerprint(obj)`` is a short hash of the exact bytes of a model, state dict or tensors:
   equal fingerprints mean bitwise-equal values.
 * ``NoiseAugmentedDataset`` is the small dataset the notebook and tests use to show a NumPy
@@ -22,7 +16,7 @@
   notebook cell) so that workers started with ``spawn`` (macOS, Windows) can import it.
 
 Nothing here runs at import time: importing changes no seed and no flag. One module per concern:
-``seeding``, ``determinism``, ``rng_state``, ``fingerprint``, ``datasets``.
+``seeding``, ``determinism``, ``fingerprint``, ``datasets``.
 """
 
 from tricks_lib.repro.datasets import NoiseAugmentedDataset
@@ -33,21 +27,16 @@ from tricks_lib.repro.determinism import (
     deterministic,
 )
 from tricks_lib.repro.fingerprint import fingerprint
-from tricks_lib.repro.rng_state import RngState, capture_rng_state, restore_rng_state
-from tricks_lib.repro.seeding import MAX_SEED, make_generator, seed_everything, seed_worker
+from tricks_lib.repro.seeding import MAX_SEED, seed_everything, seed_worker
 
 __all__ = [
     "CUBLAS_DETERMINISTIC_CONFIGS",
     "MAX_SEED",
     "DeterminismFlags",
     "NoiseAugmentedDataset",
-    "RngState",
-    "capture_rng_state",
     "determinism_flags",
     "deterministic",
     "fingerprint",
-    "make_generator",
-    "restore_rng_state",
     "seed_everything",
     "seed_worker",
 ]

@@ -1,4 +1,4 @@
-"""Seeding: every library's global generator from one seed, DataLoader workers, and seeded generators."""
+"""Seeding: every library's global generator from one seed, and DataLoader workers."""
 
 from __future__ import annotations
 
@@ -75,19 +75,3 @@ def seed_worker(worker_id: int) -> None:
         reseed = getattr(info.dataset, "reseed", None)
         if callable(reseed):
             reseed(worker_seed)
-
-
-def make_generator(seed: int, device: str | torch.device = "cpu") -> torch.Generator:
-    """A ``torch.Generator`` seeded with ``seed``, e.g. for ``DataLoader(generator=...)``.
-
-    Args:
-        seed: an int in 0 .. 2**32 - 1.
-        device: the generator's device (a DataLoader needs a CPU generator).
-
-    Raises:
-        TypeError / ValueError: as ``seed_everything``.
-    """
-    seed = check_seed(seed)
-    generator = torch.Generator(device=device)
-    generator.manual_seed(seed)
-    return generator

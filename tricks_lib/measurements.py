@@ -220,7 +220,8 @@ class ComparisonRow:
             items_per_second=m.items_per_second,
             saved_bytes=mem.saved_bytes if mem else None,
             peak_saved_bytes=mem.peak_saved_bytes if mem else None,
-            peak_allocated_bytes=mem.peak_allocated_bytes if mem else None,
+            # the call's own peak: above what was already allocated when it began (CUDA), not the process's
+            peak_allocated_bytes=mem.peak_extra_bytes if mem else None,
             noisy=m.noisy,
             speedup_low=None if self.is_baseline else _finite_or_none(self.ci_low),
             speedup_high=None if self.is_baseline else _finite_or_none(self.ci_high),
@@ -319,7 +320,7 @@ class Comparison:
         if with_items:
             header.insert(3, "items/s")
         if with_memory:
-            header += ["saved for backward", "peak allocated"]
+            header += ["saved for backward", "peak allocated by the call"]
         body = []
         for r in self.rows:
             m = r.measurement
@@ -333,7 +334,7 @@ class Comparison:
             if with_memory:
                 mem = r.memory
                 cells.append(mem.saved_text if mem else "-")
-                peak = mem.peak_allocated_bytes if mem else None
+                peak = mem.peak_extra_bytes if mem else None  # the call's own, above what it started with
                 cells.append(format_bytes(peak) if peak is not None else f"n/a ({self.device})")
             body.append(cells)
         return header, body

@@ -72,7 +72,10 @@ class MemoryReport:
         if self.peak_saved_bytes != self.saved_bytes:
             parts.append(f"at most {format_bytes(self.peak_saved_bytes)} alive at once")
         if self.peak_allocated_bytes is not None:
-            parts.append(f"peak allocated {format_bytes(self.peak_allocated_bytes)}")
+            parts.append(
+                f"peak allocated {format_bytes(self.peak_allocated_bytes)} "
+                f"({format_bytes(self.peak_extra_bytes)} above the call's start)"
+            )
             parts.append(f"peak reserved {format_bytes(self.peak_reserved_bytes)}")
         return f"MemoryReport({self.label!r} on {self.device}: " + ", ".join(parts) + ")"
 

@@ -340,3 +340,14 @@ def test_a_single_variant_row_names_its_subject_so_its_direction_cannot_be_misre
     assert flipped.measured == "depthwise 3x3: 1.88x slower than dense 1x1" and flipped.outcome is Outcome.SLOWER
     same = comparison({"a": 1e-3, "b": 1.01e-3}, "a")
     assert table.add("tie", same, "-", variant="b").measured == "b vs a: not significant"
+
+
+def test_a_comparison_reports_each_calls_own_cuda_peak_not_the_process_peak():
+    """A CUDA peak read after the model and data were allocated includes them: tables and summaries show the call's
+    own peak (above what was allocated when it began), so two variants' peaks compare the calls, not the setup."""
+    c = with_memory(comparison({"a": 1e-3, "b": 2e-3}, "a"), {"a": 8, "b": 8}, cuda={"a": 40, "b": 10})
+    assert [r.summary_row().peak_allocated_bytes for r in c.rows] == [40, 10]  # 100 bytes were there before
+    header, body = c._table()
+    column = header.index("peak allocated by the call")
+    assert [row[column] for row in body] == ["40 B", "10 B"]
+    assert "(40 B above the call's start)" in repr(c.rows[0].memory)

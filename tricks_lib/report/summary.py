@@ -137,7 +137,7 @@ def _markdown(env: EnvInfo, statuses: Sequence[NotebookStatus], rows: list[dict]
             lines += [
                 "",
                 "| trick | variant | median | IQR | items/s | speedup [interval] | verdict | saved for backward "
-                "(at most at once) | peak allocated | device |",
+                "(at most at once) | peak allocated by the call | device |",
                 "|---|---|---|---|---|---|---|---|---|---|",
             ]
             lines += [_measurement_line(r) for r in mine]

@@ -212,7 +212,7 @@ _MEASUREMENT_HEADER = (
     "significant",
     "effect on this machine",
     "saved for backward (at most at once)",
-    "peak allocated",
+    "peak allocated by the call",
     "device",
 )
 

@@ -18,6 +18,19 @@ def test_quick_mode_reads_the_variable(monkeypatch):
         quick_mode()
 
 
+def test_full_mode_sizes_work_for_the_device(monkeypatch):
+    import tricks_lib.env as env
+
+    monkeypatch.setenv("TRICKS_QUICK", "0")
+    monkeypatch.setattr(env, "pick_device", lambda: torch.device("cuda"))  # a GPU machine, without a GPU here
+    assert size_for_mode(quick=32, full=128, cuda=512) == 512 and size_for_mode(quick=32, full=128) == 128
+    monkeypatch.setattr(env, "pick_device", lambda: torch.device("cpu"))
+    assert size_for_mode(quick=32, full=128, cuda=512) == 128  # the CPU's sizes are unchanged
+    monkeypatch.setenv("TRICKS_QUICK", "1")
+    monkeypatch.setattr(env, "pick_device", lambda: torch.device("cuda"))
+    assert size_for_mode(quick=32, full=128, cuda=512) == 32  # quick mode stays quick everywhere
+
+
 def test_pick_device(monkeypatch):
     monkeypatch.delenv("TRICKS_DEVICE", raising=False)
     expected = "cuda" if torch.cuda.is_available() else "cpu"

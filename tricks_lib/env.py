@@ -65,9 +65,17 @@ def quick_mode() -> bool:
     )
 
 
-def size_for_mode(quick: T, full: T) -> T:
-    """Return ``quick`` in quick mode and ``full`` otherwise: ``N = size_for_mode(quick=64, full=4096)``."""
-    return quick if quick_mode() else full
+def size_for_mode(quick: T, full: T, *, cuda: T | None = None) -> T:
+    """Return ``quick`` in quick mode and ``full`` otherwise: ``N = size_for_mode(quick=64, full=4096)``.
+
+    ``cuda``: the full-mode size when the notebooks run on a CUDA device (``pick_device()``), where the CPU's size
+    would leave the GPU idle and every verdict read launch overhead: ``size_for_mode(quick=32, full=128, cuda=512)``.
+    """
+    if quick_mode():
+        return quick
+    if cuda is not None and pick_device().type == "cuda":
+        return cuda
+    return full
 
 
 def is_colab() -> bool:

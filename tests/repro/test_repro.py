@@ -386,3 +386,22 @@ def test_fingerprint_accepts_numpy_scalars_as_python_numbers():
     assert fingerprint({"lr": np.float64(0.5)}) == fingerprint({"lr": 0.5})
     assert fingerprint({"lr": np.float32(0.5)}) != fingerprint({"lr": 0.25})
     assert fingerprint({"ok": np.bool_(True)}) == fingerprint({"ok": True})
+
+
+def test_deterministic_blocks_exited_out_of_order_leave_the_flags_as_before_and_say_so():
+    from tricks_lib.repro import deterministic
+
+    before = torch.are_deterministic_algorithms_enabled()
+    outer, inner = deterministic(), deterministic(False)
+    outer.__enter__()
+    inner.__enter__()
+    with pytest.raises(RuntimeError, match="still open"):
+        outer.__exit__(None, None, None)  # out of order: the inner block is still open
+    assert torch.are_deterministic_algorithms_enabled() == before
+    inner.__exit__(None, None, None)  # closed already by the outer exit: changes nothing
+    assert torch.are_deterministic_algorithms_enabled() == before
+    with deterministic():  # nested in order: each exit restores what its block found
+        with deterministic(False):
+            assert not torch.are_deterministic_algorithms_enabled()
+        assert torch.are_deterministic_algorithms_enabled()
+    assert torch.are_deterministic_algorithms_enabled() == before

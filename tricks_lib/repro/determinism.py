@@ -13,6 +13,10 @@ import torch
 # first uses ~24 MiB more GPU memory, the second can be slower.
 CUBLAS_DETERMINISTIC_CONFIGS = (":4096:8", ":16:8")
 _CUBLAS_ENV_VAR = "CUBLAS_WORKSPACE_CONFIG"
+# The deterministic() blocks open now, innermost last: (token, the flags before it). Blocks nest; one exited before a
+# block opened inside it would otherwise restore its flags first, and the inner block's exit would then bring back
+# the outer block's settings after both had ended (deterministic algorithms left on).
+_OPEN_BLOCKS: list[tuple[object, DeterminismFlags]] = []
 
 
 @dataclass(frozen=True)
@@ -136,8 +140,27 @@ def deterministic(enabled: bool = True, *, warn_only: bool = False) -> Iterator[
             mkldnn_deterministic=None if previous.mkldnn_deterministic is None else False,
             cublas_workspace_config=previous.cublas_workspace_config,
         )
+    token = object()
+    _OPEN_BLOCKS.append((token, previous))
     try:
         _apply_flags(target)
         yield target
     finally:
-        _apply_flags(previous)
+        _close_block(token)
+
+
+def _close_block(token: object) -> None:
+    """Restore the flags from before the block ``token``; refuse an exit out of order (after setting what was
+    there before the block and every block opened inside it, whose own exits then change nothing)."""
+    index = next((i for i, (t, _) in enumerate(_OPEN_BLOCKS) if t is token), None)
+    if index is None:  # closed already, by an outer block exited out of order
+        return
+    previous = _OPEN_BLOCKS[index][1]
+    inner = len(_OPEN_BLOCKS) - index - 1
+    del _OPEN_BLOCKS[index:]
+    _apply_flags(previous)
+    if inner:
+        raise RuntimeError(
+            f"a deterministic() block was exited while {inner} block(s) opened inside it were still open: the flags "
+            "from before it are back; nest the blocks (with ...: with ...:) so that each exits after those inside it"
+        )

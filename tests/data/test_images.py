@@ -106,3 +106,9 @@ def test_decode_names_the_missing_field_instead_of_a_bare_key_error():
         DecodeSample()({"__key__": "a/0", "png": b"", "cls": b"1"})
     with pytest.raises(KeyError, match="has no 'cls' field"):
         DecodeSample(field="png")({"__key__": "a/0", "png": b""})
+
+
+def test_render_photos_refuses_a_seed_that_is_not_a_whole_number():
+    for bad, error in ((None, TypeError), (True, TypeError), (1.5, TypeError), (-1, ValueError)):
+        with pytest.raises(error, match="seed"):
+            render_photos(2, size=16, seed=bad)

@@ -23,7 +23,7 @@ import torch
 from PIL import Image
 
 from tricks_lib._atomic import write_bytes_atomic
-from tricks_lib._validate import check_flag, check_positive
+from tricks_lib._validate import check_flag, check_non_negative_int, check_positive
 from tricks_lib.data.samples import check_samples
 
 __all__ = [
@@ -121,9 +121,11 @@ def render_photos(count: int, *, size: int | tuple[int, int] = 96, seed: int = 0
     Returns:
         A :class:`PhotoSet`.
     Raises:
-        ValueError: on a bad count or size.
+        TypeError: ``seed`` is not a whole number (``True`` and ``None`` included: each run must name its images).
+        ValueError: on a bad count or size, or a negative seed.
     """
     check_positive(count, "count", allow_none=False, integer=True)
+    check_non_negative_int(seed, "seed")
     height, width = _check_size(size)
     sources = find_source_photos()
     names = tuple(sources)

@@ -222,3 +222,14 @@ def test_spawned_worker_holds_its_own_copy_of_a_numpy_cache():
     empty = loader_worker_memory(tiny, multiprocessing_context="spawn")
     full = loader_worker_memory(_cache(32), multiprocessing_context="spawn")
     assert full.private_bytes - empty.private_bytes >= 24 << 20  # pickled into the worker: a private copy
+
+
+def test_prefetcher_refuses_a_device_this_machine_lacks_in_one_clear_error():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(ValueError, match="no CUDA GPU.*pick_device"):
+        DevicePrefetcher([torch.zeros(2)], "cuda")
+    with pytest.raises(ValueError, match="not a device name"):
+        DevicePrefetcher([torch.zeros(2)], "gpu")
+    with pytest.raises(TypeError, match="device"):
+        DevicePrefetcher([torch.zeros(2)], 0)

@@ -71,11 +71,30 @@ class DevicePrefetcher:
         loader: any iterable of batches (tensors, or dicts/lists/tuples of tensors).
         device: target device.
         depth: batches loaded ahead by the CPU fallback thread (>= 1); CUDA copies one ahead.
+
+    Raises:
+        TypeError: ``device`` is not a string or a torch.device.
+        ValueError: ``depth`` is not a positive whole number, ``device`` is not a device name, or it is a CUDA
+            device on a machine without CUDA (or without that GPU).
     """
 
     def __init__(self, loader: Iterable, device: torch.device | str, *, depth: int = 2):
         check_positive(depth, "depth", allow_none=False, integer=True)
-        self.loader, self.device, self.depth = loader, torch.device(device), depth
+        if not isinstance(device, (str, torch.device)):
+            raise TypeError(f"device must be a string or a torch.device, got {type(device).__name__}")
+        try:
+            device = torch.device(device)
+        except RuntimeError as err:
+            raise ValueError(f"device {device!r} is not a device name (e.g. 'cpu', 'cuda', 'cuda:1'): {err}") from err
+        if device.type == "cuda" and (
+            not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count()
+        ):
+            raise ValueError(
+                f"DevicePrefetcher(device={str(device)!r}): this machine has "
+                f"{torch.cuda.device_count() if torch.cuda.is_available() else 'no'} CUDA GPU(s); "
+                "pass tricks_lib.pick_device() to use the CPU fallback here"
+            )
+        self.loader, self.device, self.depth = loader, device, depth
 
     @property
     def mode(self) -> str:

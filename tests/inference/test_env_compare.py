@@ -29,6 +29,17 @@ def test_compare_times_every_environment_and_fails_loudly():
         compare_environments(setup, "pass", {"a": {"TRICKS_ENV_PROBE": "b"}}, baseline="a", rounds=8)
 
 
+@pytest.mark.slow
+def test_what_the_timed_code_prints_never_reads_as_a_timing():
+    """A setup and a statement that print numbers (Python's print and the C library's stdout): the timings are
+    the worker's own, far below the printed 1.75 s."""
+    setup = "import ctypes, sys\nprint('1.75')\nlibc = ctypes.CDLL(None)"
+    stmt = "print('1.75'); sys.stdout.flush(); libc.puts(b'1.75')"
+    cmp = compare_environments(setup, stmt, ENVS, baseline="a", rounds=8, block_seconds=0.002)
+    assert all(0 < t < 0.5 for r in cmp.rows for t in r.measurement.times)
+    assert evaluate_in_environments("sum([1, 2])", ENVS, setup="print(99)") == {"a": "3", "b": "3"}
+
+
 def test_arguments_are_checked():
     with pytest.raises(ValueError, match="baseline"):
         compare_environments("", "pass", ENVS, baseline="c")

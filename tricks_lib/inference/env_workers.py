@@ -28,6 +28,11 @@ __all__ = ["evaluate_in_environments"]
 _WORKER = textwrap.dedent(
     """
     import json, os, sys, time
+    # The reply channel is a private copy of stdout; fd 1 and sys.stdout go to stderr from here on, so nothing the
+    # setup or the timed code prints (Python or a C library) can be read back as a timing.
+    _reply = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     _spec = json.loads(sys.stdin.readline())
     import torch
     if _spec["threads"] is not None:
@@ -54,15 +59,15 @@ _WORKER = textwrap.dedent(
 
     for _ in range(_spec["warmup"]):
         exec(_stmt, _ns)
-    print("ready", flush=True)
+    print("ready", file=_reply, flush=True)
     for line in sys.stdin:
         line = line.strip()
         if line == "threads":
-            print(json.dumps(torch.get_num_threads()), flush=True)
+            print(json.dumps(torch.get_num_threads()), file=_reply, flush=True)
         elif line.startswith("eval "):
-            print(json.dumps(repr(eval(line[5:], _ns))), flush=True)
+            print(json.dumps(repr(eval(line[5:], _ns))), file=_reply, flush=True)
         else:
-            print(json.dumps(_block(int(line))), flush=True)
+            print(json.dumps(_block(int(line))), file=_reply, flush=True)
     """
 )
 

@@ -536,11 +536,23 @@ def test_a_folder_or_a_glob_pattern_names_the_shards_in_sorted_order(tmp_path):
     (tmp_path / "sub").mkdir()
     nested = write_tar_shards(make(11)[9:], tmp_path / "sub", samples_per_shard=2, prefix="c")
     expected = [s["__key__"] for s in make(9)[5:] + make(5)]  # a-* before b-*: sorted, not written order
-    for where in (tmp_path, str(tmp_path), str(tmp_path / "*.tar"), tmp_path / "?-*.tar"):
+    for where in (str(tmp_path / "*.tar"), tmp_path / "?-*.tar"):  # a pattern: both sets, because it asks for them
         assert [s["__key__"] for s in TarShardDataset(where)] == expected, where
-    assert find_shards(tmp_path) == a + b  # not the subfolder's, not the hidden file
+    for where in (tmp_path, str(tmp_path)):  # a folder of two sets (a-*, b-*) would mix them silently: refused
+        with pytest.raises(ValueError, match=r"2 sets \(a, b\).*-\*\.tar"):
+            TarShardDataset(where)
+    assert find_shards(tmp_path / "sub") == nested  # a folder of one set: every shard, not the hidden file
     assert find_shards(str(tmp_path / "**" / "*.tar")) == a + b + nested  # recursive glob
     assert find_shards(b[1]) == [b[1]] and find_shards([b[1], a[0]]) == [b[1], a[0]]  # a list keeps its order
+
+
+def test_a_shard_that_is_a_dangling_link_is_an_error_never_skipped(tmp_path):
+    shards = write_tar_shards(make(6), tmp_path / "data", samples_per_shard=2)
+    (tmp_path / "data" / "shard-000003.tar").symlink_to(tmp_path / "unmounted" / "shard-000003.tar")
+    for where in (tmp_path / "data", str(tmp_path / "data" / "shard-*.tar")):
+        with pytest.raises(FileNotFoundError, match="dangling link.*shard-000003"):
+            find_shards(where)
+    assert find_shards(shards) == shards
 
 
 def test_a_folder_or_a_pattern_that_finds_nothing_says_what_was_looked_for(tmp_path):

@@ -143,13 +143,23 @@ def find_shards(shards: str | os.PathLike | Sequence[str | os.PathLike]) -> list
     Returns:
         The paths, in reading order.
     Raises:
-        ValueError: if a folder holds no ``*.tar`` file, a pattern matches no file, or the sequence
-            is empty (each names what was looked for). TypeError: on something that is not a path.
+        ValueError: if a folder holds no ``*.tar`` file, or shards of more than one set (``train-*`` beside
+            ``val-*``: pass a pattern), a pattern matches no file, or the sequence is empty (each names what
+            was looked for). FileNotFoundError: a shard in the folder or the pattern is a dangling link.
+            TypeError: on something that is not a path.
     """
     if isinstance(shards, (str, os.PathLike)):
         where = Path(shards)
         if where.is_dir():
-            found = sorted(p for p in where.glob("*.tar") if not p.name.startswith(".") and p.is_file())
+            listed = sorted(p for p in where.glob("*.tar") if not p.name.startswith("."))
+            _refuse_missing_shards(listed)
+            found = [p for p in listed if p.is_file()]
+            prefixes = sorted({_SHARD_NAME.sub("", p.name) for p in found})
+            if len(prefixes) > 1:  # train-* beside val-*: reading both would mix two sets silently
+                raise ValueError(
+                    f"the folder {where} holds shards of {len(prefixes)} sets ({', '.join(prefixes[:5])}); pass a "
+                    f"pattern for the one you want, e.g. '{where / prefixes[0]}-*.tar'"
+                )
             if not found:
                 compressed = sorted(p.name for p in where.glob("*.tar.*") if not p.name.startswith("."))
                 hint = f" (it holds compressed ones, e.g. {compressed[0]}: decompress them)" if compressed else ""
@@ -159,7 +169,9 @@ def find_shards(shards: str | os.PathLike | Sequence[str | os.PathLike]) -> list
         braces = re.search(r"\{.*\}", text) is not None
         if where.exists() or not (glob.has_magic(text) or braces):
             return [where]  # one shard (a missing one raises FileNotFoundError when it is indexed)
-        found = sorted(Path(p) for p in glob.glob(text, recursive=True) if os.path.isfile(p))
+        matched = sorted(Path(p) for p in glob.glob(text, recursive=True))
+        _refuse_missing_shards(matched)
+        found = [p for p in matched if p.is_file()]
         if not found:
             hint = (
                 ": brace expansion ({000000..000009}) is not supported; pass a glob such as "
@@ -175,6 +187,19 @@ def find_shards(shards: str | os.PathLike | Sequence[str | os.PathLike]) -> list
     if not found:
         raise ValueError("shards is empty: pass at least one tar shard, a folder of them or a glob pattern")
     return found
+
+
+_SHARD_NAME = re.compile(r"(-\d+)?\.tar$")  # "train-000003.tar" -> prefix "train"
+
+
+def _refuse_missing_shards(paths: Sequence[Path]) -> None:
+    """A listed shard that is a dangling link (its disk unmounted, its target moved) is an error, never skipped."""
+    dangling = [p for p in paths if p.is_symlink() and not p.exists()]
+    if dangling:
+        raise FileNotFoundError(
+            f"{len(dangling)} shard(s) point to nothing (a dangling link: is their disk mounted?): "
+            + ", ".join(str(p) for p in dangling[:3])
+        )
 
 
 def _distributed_rank_and_world() -> tuple[int, int]:

@@ -162,3 +162,11 @@ def test_a_hidden_folder_is_a_class_as_in_torchvision_and_warned_about(image_roo
         image_folder_to_shards(image_root, tmp_path / "s", samples_per_shard=4)
     assert read_shard_classes(tmp_path / "s") == datasets.ImageFolder(str(image_root)).class_to_idx
     assert read_shard_classes(tmp_path / "s")[".ipynb_checkpoints"] == 0
+
+
+def test_a_pipe_among_the_images_is_refused_not_read_forever(tmp_path):
+    (tmp_path / "cat").mkdir()
+    Image.new("RGB", (4, 4)).save(tmp_path / "cat" / "a.png")
+    os.mkfifo(tmp_path / "cat" / "b.png")
+    with pytest.raises(ValueError, match=r"b\.png is not a regular file"):
+        image_folder_files(tmp_path)

@@ -76,3 +76,18 @@ def test_a_corrupted_checksum_is_still_refused(tmp_path):
     path.write_bytes(bytes(data))
     with pytest.raises(ShardError, match="checksum"):
         index_tar_shard(path)
+
+
+def test_a_pax_record_with_a_flipped_bit_names_the_shard_and_the_offset(tmp_path):
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("sample-0." + "x" * 120)  # a long name: written as a pax record
+        info.size = 3
+        tar.addfile(info, io.BytesIO(b"abc"))
+    data = bytearray(buffer.getvalue())
+    record = data.index(b" path=")
+    data[record - 1] ^= 0x04  # the record's length digit: "1xx" -> another length
+    shard = tmp_path / "corrupt.tar"
+    shard.write_bytes(bytes(data))
+    with pytest.raises(ShardError, match=r"corrupt\.tar.*corrupt pax record"):
+        index_tar_shard(shard)

@@ -73,6 +73,8 @@ def image_folder_files(root: str | os.PathLike) -> list[tuple[Path, int]]:
     Raises:
         FileNotFoundError: as :func:`image_folder_classes`, or if a class folder holds no image
             (ImageFolder refuses such a folder too), naming the classes and the extensions looked for.
+        ValueError: an image name that is not a regular file (a pipe, which would block the read forever, a
+            device, a dangling link), naming it.
     """
     return _image_files(Path(root), image_folder_classes(root))
 
@@ -84,7 +86,10 @@ def _image_files(root: Path, class_to_idx: dict[str, int]) -> list[tuple[Path, i
         for folder, _, names in sorted(os.walk(root / name, followlinks=True)):
             for file_name in sorted(names):
                 if file_name.lower().endswith(IMG_EXTENSIONS):
-                    files.append((Path(folder, file_name), label))
+                    path = Path(folder, file_name)
+                    if not path.is_file():  # a FIFO or a device would block the read forever; a dangling link
+                        raise ValueError(f"{path} is not a regular file (a pipe, a device or a dangling link)")
+                    files.append((path, label))
         if len(files) == before:
             empty.append(name)
     if empty:
@@ -126,7 +131,8 @@ def image_folder_to_shards(
         ``root``, as file-system bytes).
     Raises:
         FileNotFoundError: if ``root`` has no class folder, or a class folder no image.
-        ValueError/TypeError: on bad arguments, or ``out_dir`` inside ``root``.
+        ValueError/TypeError: on bad arguments, ``out_dir`` inside ``root``, or an image name that is not a
+            regular file (a pipe, a device, a dangling link).
     """
     root, out = Path(root), Path(out_dir)
     if shuffle_seed is not None:

@@ -81,10 +81,13 @@ def check_zero_tail(f, shard: Path, offset: int, file_size: int) -> None:
 
 
 def _pax_records(data: bytes) -> dict[str, str]:
+    """The "length key=value\\n" records of a pax header. Raises ValueError on a malformed record."""
     records, pos = {}, 0
     while pos < len(data):
         space = data.index(b" ", pos)
         length = int(data[pos:space])
+        if length <= space - pos or pos + length > len(data) or data[pos + length - 1 : pos + length] != b"\n":
+            raise ValueError(f"record at byte {pos} declares {length} bytes, which do not end in a newline")
         key, _, value = data[space + 1 : pos + length - 1].partition(b"=")
         records[key.decode()] = value.decode("utf-8", "surrogateescape")
         pos += length
@@ -132,7 +135,10 @@ def read_member(f, shard: Path, offset: int, file_size: int) -> tuple[bytes, str
             data = f.read(size)
             f.seek(offset)
             if kind == b"x":
-                pax = _pax_records(data)
+                try:
+                    pax = _pax_records(data)
+                except (ValueError, UnicodeDecodeError) as err:  # a flipped bit in a length or a key
+                    raise ShardError(shard, data_start, f"corrupt pax record ({err})") from err
             elif kind == b"L":
                 long_name = data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
             continue

@@ -420,3 +420,18 @@ def test_hdf5_shapes_and_offsets_are_checked_before_reading(tmp_path, damage):
             offsets[12] = offsets[12] + 1
     with pytest.raises(ShardError, match="damaged"):
         Hdf5Dataset(path)
+
+
+def test_write_hdf5_refuses_a_disk_without_room_before_h5py_starts(tmp_path, monkeypatch):
+    """h5py dies with SIGSEGV when the disk fills up under a chunked dataset: the writer checks the free space
+    first, raises ENOSPC naming what it needs, and leaves no file."""
+    import errno
+    import shutil
+
+    import tricks_lib.data.hdf5_container as hdf5
+
+    monkeypatch.setattr(hdf5.shutil, "disk_usage", lambda folder: shutil._ntuple_diskusage(10**9, 10**9, 1024))
+    with pytest.raises(OSError) as err:
+        write_hdf5(make(4), tmp_path / "data.h5")
+    assert err.value.errno == errno.ENOSPC and "MiB free" in str(err.value)
+    assert list(tmp_path.iterdir()) == []

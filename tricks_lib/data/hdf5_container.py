@@ -6,8 +6,10 @@ and offset before it reads. The sample check and the reader base are shared:
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -45,6 +47,7 @@ def write_hdf5(samples: Iterable[dict], path: str | os.PathLike) -> Path:
     samples, fields = _fields_and_list(samples)
     path = Path(path)
     keys = np.array([s["__key__"].encode() for s in samples], dtype=bytes)
+    _check_free_space(path, keys.nbytes + sum(len(s[f]) + 16 for s in samples for f in fields))
     with atomic_path(path) as tmp, h5py.File(tmp, "w", libver="latest") as h5:
         meta = json.dumps({"format": _HDF5_FORMAT, "count": len(samples), "fields": list(fields)}).encode()
         h5.create_dataset("meta", data=np.frombuffer(meta, dtype=np.uint8), chunks=(len(meta),), fletcher32=True)
@@ -66,6 +69,23 @@ def write_hdf5(samples: Iterable[dict], path: str | os.PathLike) -> Path:
                 if stop > start:
                     data[start:stop] = np.frombuffer(bytes(s[f]), dtype=np.uint8)
     return path
+
+
+_HDF5_OVERHEAD = 1.05  # chunk indexes, checksums and headers: a few percent of the data, plus the fixed part below
+
+
+def _check_free_space(path: Path, data_bytes: int) -> None:
+    """Refuse to start a write the disk cannot hold (h5py dies with SIGSEGV on ENOSPC mid-write)."""
+    folder = path.parent if path.parent.exists() else Path(".")
+    needed = int(data_bytes * _HDF5_OVERHEAD) + 2**20
+    free = shutil.disk_usage(folder).free
+    if free < needed:
+        raise OSError(
+            errno.ENOSPC,
+            f"{folder} has {free / 2**20:.1f} MiB free and the HDF5 file needs about {needed / 2**20:.1f} MiB; "
+            "free some space or write it elsewhere",
+            str(path),
+        )
 
 
 def _checked_dataset(h5, name: str, path: Path, shape: tuple[int, ...], kind: str, max_bytes: int):

@@ -23,7 +23,7 @@ class CopyItem:
 
     trick: str
     lines: str  # the trick's own lines, as its section ran them
-    measured: str  # the closing row's text
+    measured: str  # the closing row's text, with its cells before the verdict (e.g. the memory it saved)
     caveat: str  # when the trick does not help (a fixed fact)
     helped: bool
 
@@ -82,4 +82,4 @@ class CopyList:
 
 def copy_list(rows: Sequence) -> CopyList:
     """The copy list of verdict rows: every row with lines to copy, in the table's order."""
-    return CopyList(tuple(CopyItem(r.trick, r.copy, r.measured, r.caveat, bool(r.helped)) for r in rows if r.copy))
+    return CopyList(tuple(CopyItem(r.trick, r.copy, r.text, r.caveat, bool(r.helped)) for r in rows if r.copy))

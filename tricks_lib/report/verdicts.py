@@ -308,14 +308,20 @@ class VerdictRow:
     helped: bool | None = None  # whether it helped in this run (None: no lines to copy)
     helped_from: str = ""  # "outcome" (read from the comparison) or "computed" (the notebook's own bool)
 
+    @property
+    def text(self) -> str:
+        """What the row measured, with the cells before its verdict and their titles when the table has any
+        ("saved for backward: 12.0 MiB; time: 1.64x slower"): part of what was measured is there."""
+        if not self.before:
+            return self.measured
+        return "; ".join(f"{title}: {cell}" for title, cell in zip(self.columns, (*self.before, self.measured)))
+
     def summary_rows(self) -> tuple[SummaryRow, ...]:
-        """One row; a table with cells before its verdict (01's vs / warm / cold) puts them in the row's text,
-        each with its title ("vs: folder; warm: 4.91x faster; ..."), since part of what was measured is there."""
-        text = self.measured
-        if self.before:
-            text = "; ".join(f"{title}: {cell}" for title, cell in zip(self.columns, (*self.before, self.measured)))
+        """One row, whose text is ``text`` (01's vs / warm / cold cells included)."""
         outcome = None if self.outcome is None else self.outcome.value
-        return (SummaryRow(variant="verdict", device=self.device, speedup=self.speedup, verdict=text, outcome=outcome),)
+        return (
+            SummaryRow(variant="verdict", device=self.device, speedup=self.speedup, verdict=self.text, outcome=outcome),
+        )
 
     def to_dict(self) -> dict:
         return {

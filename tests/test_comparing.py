@@ -555,6 +555,26 @@ def test_compare_checks_that_variants_agree_before_timing():
         compare(same, baseline="matmul", budget=Budget(min_rounds=8), check="assert_close")
 
 
+def test_compare_takes_a_check_per_variant_each_with_its_own_tolerance():
+    from functools import partial
+
+    x = torch.randn(64, 64)
+    variants = {"fp32": lambda: x @ x, "bf16": lambda: (x.bfloat16() @ x.bfloat16()).float(), "mm": lambda: x.mm(x)}
+    budget = Budget(min_rounds=8, min_run_time=0.01)
+    exact = partial(torch.testing.assert_close, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="'bf16' does not return"):  # one tolerance for all: bf16 fails it
+        compare(variants, baseline="fp32", budget=budget, check=exact)
+    lossy = partial(torch.testing.assert_close, rtol=0.05, atol=0.5)
+    cmp = compare(variants, baseline="fp32", budget=budget, check={"bf16": lossy, "mm": exact})
+    assert set(cmp.names) == {"fp32", "bf16", "mm"}
+    with pytest.raises(ValueError, match=r"missing \['mm'\]"):
+        compare(variants, baseline="fp32", budget=budget, check={"bf16": lossy})
+    with pytest.raises(ValueError, match=r"unknown \['fp16'\]"):
+        compare(variants, baseline="fp32", budget=budget, check={"bf16": lossy, "mm": exact, "fp16": exact})
+    with pytest.raises(TypeError, match=r"check\['mm'\]"):
+        compare(variants, baseline="fp32", budget=budget, check={"bf16": lossy, "mm": "exact"})
+
+
 def test_default_budget_gives_a_slow_call_more_rounds_than_the_floor():
     # Each call (~4 ms) outlasts a block (0.05 s / 30), so 15 rounds already exceed the 0.05 s budget:
     # the fixed default stopped there. The adaptive default goes on while 30 rounds (0.12 s per variant)

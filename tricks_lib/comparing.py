@@ -306,14 +306,32 @@ def _read_rows(
     return tuple(rows)
 
 
-def _check_results(variants: Mapping[str, Callable[[], object]], baseline: str, check: Callable) -> None:
-    """Call every variant once (untimed) and check its result against the baseline's."""
+def _checks_per_variant(
+    check: Callable | Mapping[str, Callable], variants: Mapping[str, object], baseline: str
+) -> dict[str, Callable]:
+    """variant -> its check: one callable for all, or a mapping that names every variant but the baseline."""
+    others = [name for name in variants if name != baseline]
+    if not isinstance(check, Mapping):
+        check_callable(check, "check")
+        return dict.fromkeys(others, check)
+    missing, unknown = [n for n in others if n not in check], [n for n in check if n not in others]
+    if missing or unknown:
+        raise ValueError(
+            f"check must name every variant but the baseline {baseline!r}: missing {missing}, unknown {unknown}"
+        )
+    for name, fn in check.items():
+        check_callable(fn, f"check[{name!r}]")
+    return {name: check[name] for name in others}
+
+
+def _check_results(variants: Mapping[str, Callable[[], object]], baseline: str, checks: Mapping[str, Callable]) -> None:
+    """Call every variant once (untimed) and check its result against the baseline's, with its own check."""
     expected = variants[baseline]()
     for name, fn in variants.items():
         if name == baseline:
             continue
         try:
-            check(expected, fn())
+            checks[name](expected, fn())
         except Exception as err:
             raise ValueError(
                 f"variant {name!r} does not return what {baseline!r} returns, so timing them would compare "
@@ -329,7 +347,7 @@ def compare(
     device: str | torch.device | None = None,
     memory: bool = False,
     label: str | None = None,
-    check: Callable[[object, object], object] | None = None,
+    check: Callable[[object, object], object] | Mapping[str, Callable[[object, object], object]] | None = None,
     more_work: Mapping[str, str] | None = None,
     replicates: int = 1,
     progress: bool = False,
@@ -354,7 +372,9 @@ def compare(
         label: a title for the table.
         check: before anything is timed, ``check(baseline_result, variant_result)`` for every other
             variant, e.g. ``torch.testing.assert_close``; it raises when they differ (one untimed
-            call each, on the first build). Lossy variants need a check with their tolerance.
+            call each, on the first build). Lossy variants need a check with their tolerance: a mapping
+            variant -> check gives each variant its own (``{"bf16": partial(assert_close, atol=1e-2),
+            "fused": torch.testing.assert_close}``) and must name every variant but the baseline.
         more_work: heavier variant -> lighter variant, for pairs where the first does strictly more
             work than the second (the same decode plus a colour conversion). A heavier variant that
             comes out significantly faster than its lighter one gets ``row.suspect`` set, its outcome
@@ -381,8 +401,7 @@ def compare(
     check_flag(memory, "memory")
     check_flag(progress, "progress")
     if check is not None:
-        check_callable(check, "check")
-        _check_results(spec.variants, spec.baseline, check)
+        _check_results(spec.variants, spec.baseline, _checks_per_variant(check, spec.variants, spec.baseline))
     numbers, block_times, replicate_rounds, variants = _run_rounds(spec, progress)
     reports = {}
     if memory:

@@ -1,4 +1,4 @@
-"""distillation_loss: hard term = cross-entropy, soft term = KL at temperature T times T^2."""
+"""tricks_lib.design.distill: the paired reading of distillation gains over seeds (notebook 04 writes the loss out)."""
 
 import pytest
 

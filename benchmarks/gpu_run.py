@@ -160,12 +160,16 @@ class Run:
                     tar.add(self.out / name, arcname=f"gpu_results/{name}")
         os.replace(partial, self.out / ARCHIVE)
 
-    def child(self, command: list[str], *, timeout: float, log_name: str) -> tuple[int | None, float]:
+    def child(
+        self, command: list[str], *, timeout: float, log_name: str, env: dict | None = None
+    ) -> tuple[int | None, float]:
         """Run ``command`` in its own process group, its output into the work folder; stop the whole group at
         ``timeout`` (a hung rank or a compile's grandchild goes too). (exit code or None when stopped, seconds)."""
         began = time.monotonic()
         with (self.work / log_name).open("ab") as log:
-            proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT)
+            proc = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT, env=env
+            )
             try:
                 return proc.wait(timeout=max(1.0, timeout)), time.monotonic() - began
             except subprocess.TimeoutExpired:
@@ -180,7 +184,10 @@ def run_notebook(run: Run, notebooks: Path, stem: str, *, quick: bool, cell_time
     timeout = run.left() - MARGIN_S
     command = [sys.executable, "-m", "tricks_lib", "run", "--notebooks", str(notebooks), "--only", stem]
     command += ["--out", str(run.work / phase), "--no-progress", "--timeout", str(int(min(cell_timeout, timeout)))]
-    code, seconds = run.child(command + (["--quick"] if quick else []), timeout=timeout, log_name=f"{phase}.log")
+    env = os.environ | {"TRICKS_QUICK": "1" if quick else "0"}  # the phase's mode, whatever the caller's was
+    code, seconds = run.child(
+        command + (["--quick"] if quick else []), timeout=timeout, log_name=f"{phase}.log", env=env
+    )
     status = "stopped at the deadline" if code is None else "ok" if code == 0 else f"failed (exit {code})"
     return status, seconds
 

@@ -155,9 +155,8 @@ class Run:
         with tarfile.open(partial, "w:gz") as tar:
             tar.add(self.work, arcname="gpu_results")
             tar.add(self.log_path, arcname="gpu_results/progress.txt")
-            for name in ("machine.json",):
-                if (self.out / name).exists():
-                    tar.add(self.out / name, arcname=f"gpu_results/{name}")
+            if (self.out / "machine.json").exists():
+                tar.add(self.out / "machine.json", arcname="gpu_results/machine.json")
         os.replace(partial, self.out / ARCHIVE)
 
     def child(

@@ -227,9 +227,10 @@ def test_spawned_worker_holds_its_own_copy_of_a_numpy_cache():
 def test_prefetcher_refuses_a_device_this_machine_lacks_in_one_clear_error():
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    with pytest.raises(ValueError, match="no CUDA GPU.*pick_device"):
+    with pytest.raises(ValueError, match="no usable CUDA device; use 'cpu'"):
         DevicePrefetcher([torch.zeros(2)], "cuda")
     with pytest.raises(ValueError, match="not a device name"):
         DevicePrefetcher([torch.zeros(2)], "gpu")
-    with pytest.raises(TypeError, match="device"):
-        DevicePrefetcher([torch.zeros(2)], 0)
+    for wrong in (0, None):
+        with pytest.raises(TypeError, match="device"):
+            DevicePrefetcher([torch.zeros(2)], wrong)

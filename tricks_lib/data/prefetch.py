@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator
 import torch
 
 from tricks_lib._validate import check_positive
+from tricks_lib.env import pick_device
 
 __all__ = ["DevicePrefetcher", "move_to_device"]
 
@@ -74,27 +75,16 @@ class DevicePrefetcher:
 
     Raises:
         TypeError: ``device`` is not a string or a torch.device.
-        ValueError: ``depth`` is not a positive whole number, ``device`` is not a device name, or it is a CUDA
-            device on a machine without CUDA (or without that GPU).
+        ValueError: ``depth`` is not a positive whole number, or ``device`` is not a device this machine has
+            (as :func:`tricks_lib.env.pick_device` checks: a name, and a CUDA device only where CUDA is).
     """
 
     def __init__(self, loader: Iterable, device: torch.device | str, *, depth: int = 2):
         check_positive(depth, "depth", allow_none=False, integer=True)
-        if not isinstance(device, (str, torch.device)):
-            raise TypeError(f"device must be a string or a torch.device, got {type(device).__name__}")
-        try:
-            device = torch.device(device)
-        except RuntimeError as err:
-            raise ValueError(f"device {device!r} is not a device name (e.g. 'cpu', 'cuda', 'cuda:1'): {err}") from err
-        if device.type == "cuda" and (
-            not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count()
-        ):
-            raise ValueError(
-                f"DevicePrefetcher(device={str(device)!r}): this machine has "
-                f"{torch.cuda.device_count() if torch.cuda.is_available() else 'no'} CUDA GPU(s); "
-                "pass tricks_lib.pick_device() to use the CPU fallback here"
-            )
-        self.loader, self.device, self.depth = loader, device, depth
+        if device is None:  # pick_device(None) would choose one: the prefetcher needs the caller's
+            raise TypeError("device must be a string or a torch.device, got None")
+        # pick_device(device) checks it is a device name this machine has (a CUDA one without CUDA: one clear error)
+        self.loader, self.device, self.depth = loader, pick_device(device), depth
 
     @property
     def mode(self) -> str:

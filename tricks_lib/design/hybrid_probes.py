@@ -13,15 +13,9 @@ import math
 import torch
 from torch import nn
 
+from tricks_lib._validate import check_positive
+
 __all__ = ["HYBRID_LAYOUTS", "hybrid_net", "hybrid_nets"]
-
-
-def _check_width(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be a whole number, got {value!r}")
-    if value < 1:
-        raise ValueError(f"{name} must be at least 1, got {value}")
-    return value
 
 
 class _ConvBlock(nn.Module):
@@ -110,14 +104,14 @@ def hybrid_net(
     for kind, depth in stages:
         if kind not in _BLOCKS:
             raise ValueError(f"block kind must be one of {_BLOCKS}, got {kind!r}")
-        _check_width(depth, "depth")
+        check_positive(depth, "depth", allow_none=False, integer=True)
     for name, value in (
         ("mid", mid),
         ("heads", heads),
         ("num_classes", num_classes),
         *zip(("width 1", "width 2"), widths),
     ):
-        _check_width(value, name)
+        check_positive(value, name, allow_none=False, integer=True)
     if any(w % heads for w in widths):
         raise ValueError(f"widths {widths} must be multiples of heads={heads}")
     (kind1, depth1), (kind2, depth2) = stages
@@ -159,7 +153,7 @@ def hybrid_nets(image_size: int = 64, *, reference_mid: int = 128, max_mid: int 
     from tricks_lib.design.flops import count_flops  # here, not at import: flops is a sibling module
 
     for name, value in (("image_size", image_size), ("reference_mid", reference_mid), ("max_mid", max_mid)):
-        _check_width(value, name)
+        check_positive(value, name, allow_none=False, integer=True)
     if image_size < 8:
         raise ValueError(f"image_size must be at least 8 (the network downsamples by 8), got {image_size}")
     widths, sides = (64, 128), (image_size // 4, image_size // 8)

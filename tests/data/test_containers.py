@@ -435,3 +435,28 @@ def test_write_hdf5_refuses_a_disk_without_room_before_h5py_starts(tmp_path, mon
         write_hdf5(make(4), tmp_path / "data.h5")
     assert err.value.errno == errno.ENOSPC and "MiB free" in str(err.value)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_folder_rewrite_that_stops_halfway_is_refused_and_a_complete_one_leaves_no_old_file(tmp_path):
+    from tricks_lib.data import FolderDataset, make_samples, render_photos, write_image_folder
+
+    old = make_samples(render_photos(6, size=16, seed=1))
+    write_image_folder(old, tmp_path)
+    new = make_samples(render_photos(6, size=16, seed=2))
+
+    def stops_after_three():
+        for i, s in enumerate(new):
+            if i == 3:
+                raise KeyboardInterrupt
+            yield s
+
+    with pytest.raises(KeyboardInterrupt):
+        write_image_folder(stops_after_three(), tmp_path)
+    with pytest.raises(ValueError, match="not one complete set"):
+        FolderDataset(tmp_path)  # 3 new samples beside 3 old ones
+    write_image_folder(new[:4], tmp_path)  # complete, and shorter: the old version's last two go
+    ds = FolderDataset(tmp_path)
+    assert [s["jpg"] for s in ds] == [s["jpg"] for s in new[:4]]
+    (tmp_path / "999999.jpg").write_bytes(b"stray")
+    with pytest.raises(ValueError, match="1 other files beside them"):
+        FolderDataset(tmp_path)

@@ -170,3 +170,39 @@ def test_a_pipe_among_the_images_is_refused_not_read_forever(tmp_path):
     os.mkfifo(tmp_path / "cat" / "b.png")
     with pytest.raises(ValueError, match=r"b\.png is not a regular file"):
         image_folder_files(tmp_path)
+
+
+def test_an_interrupted_rerun_leaves_no_label_map_that_disagrees_with_its_shards(image_root, tmp_path, monkeypatch):
+    out = tmp_path / "s"
+    image_folder_to_shards(image_root, out, samples_per_shard=2)
+    (image_root / "bird").mkdir()  # a class added: every label after "Zebra" moves
+    (image_root / "bird" / "b.jpg").write_bytes(image_bytes("JPEG", 7))
+    import tricks_lib.data.shards as shards_mod
+
+    real = shards_mod._write_shards
+
+    def stop_after_two(it, out_dir, per_shard, prefix):
+        def two():
+            for i, sample in enumerate(it):
+                if i == 4:
+                    raise KeyboardInterrupt  # Ctrl-C after two shards of the rerun
+                yield sample
+
+        return real(two(), out_dir, per_shard, prefix)
+
+    monkeypatch.setattr(shards_mod, "_write_shards", stop_after_two)
+    with pytest.raises(KeyboardInterrupt):
+        image_folder_to_shards(image_root, out, samples_per_shard=2)
+    with pytest.raises(FileNotFoundError):
+        read_shard_classes(out)  # the old label map is gone: it would mislabel the new shards
+    with pytest.raises(ValueError, match="not one complete set"):
+        TarShardDataset(out)  # two new shards beside two old ones
+
+
+def test_the_label_map_refuses_shards_it_was_not_written_with(image_root, tmp_path):
+    out = tmp_path / "s"
+    shards = image_folder_to_shards(image_root, out, samples_per_shard=3)
+    assert read_shard_classes(out) == {"Zebra": 0, "cat": 1, "dog": 2}
+    shards[-1].unlink()
+    with pytest.raises(ValueError, match="does not describe the shards beside it"):
+        read_shard_classes(out)

@@ -68,7 +68,8 @@ def test_folder_writer_is_atomic(tmp_path, failing_bytes):
     with pytest.raises(RuntimeError):
         write_image_folder(samples, tmp_path)
     names = sorted(os.listdir(tmp_path))
-    assert names == ["000000.cls", "000000.jpg", "000001.cls", "000001.jpg"]  # no temp, no partial
+    # no temp, no partial file; the mark of an unfinished write stays, so readers refuse the folder
+    assert names == [".image-folder.writing", "000000.cls", "000000.jpg", "000001.cls", "000001.jpg"]
     assert (tmp_path / "000001.jpg").read_bytes() == make_samples(render_photos(2, size=16))[1]["jpg"]
 
 

@@ -642,3 +642,62 @@ def test_the_next_shard_is_read_ahead_while_one_is_read(tmp_path):
         time.sleep(0.01)  # ... and the second one arrives without being touched
     assert page_cache_residency([second]).fraction >= 0.5
     assert [next(it) for _ in range(31)] == samples[1:]
+
+
+def test_a_zero_filled_tail_is_lost_samples_not_a_shorter_shard_and_the_index_file_is_kept(tmp_path):
+    (path,) = write_tar_shards(make(100), tmp_path, samples_per_shard=100)
+    recorded = index_file_path(path).read_bytes()
+    start = index_tar_shard(path).offsets[10]
+    size = path.stat().st_size
+    with open(path, "r+b") as f:  # lost writes after a crash: the length stays, zeros from sample 10 on
+        f.seek(start)
+        f.write(bytes(size - start))
+    with pytest.raises(ShardError, match="bytes of zeros"):
+        list(TarShardDataset([path]))
+    with pytest.raises(ShardError, match="bytes of zeros"):
+        load_shard_index(path)
+    assert index_file_path(path).read_bytes() == recorded  # never replaced by a 10-sample index
+
+
+def test_padding_up_to_one_record_is_tar_and_reads(tmp_path):
+    (path,) = write_tar_shards(make(3), tmp_path, samples_per_shard=3)
+    index_file_path(path).unlink()
+    end = index_tar_shard(path).end
+    with open(path, "r+b") as f:  # a writer with another record size: up to one 10 KiB record of padding
+        f.truncate(end + 1024 + 10240)
+    assert [s["__key__"] for s in TarShardDataset([path])] == ["s0000", "s0001", "s0002"]
+
+
+def test_a_shard_cut_short_behind_its_index_file_is_reported(tmp_path):
+    samples = make(20)
+    (path,) = write_tar_shards(samples, tmp_path, samples_per_shard=20)
+    recorded = index_file_path(path).read_bytes()
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:  # the same name, only its first 8 samples
+        for s in samples[:8]:
+            for ext in ("bin", "cls"):
+                info = tarfile.TarInfo(f"{s['__key__']}.{ext}")
+                info.size = len(s[ext])
+                tar.addfile(info, io.BytesIO(s[ext]))
+    with pytest.raises(ShardError, match="holds 8 samples where its index file .* recorded 20"):
+        load_shard_index(path)
+    assert index_file_path(path).read_bytes() == recorded
+    index_file_path(path).unlink()  # meant to be shorter: the message's way out
+    assert len(load_shard_index(path)) == 8
+
+
+def test_an_interrupted_rewrite_is_refused_not_read_as_a_mix(tmp_path):
+    write_tar_shards(make(20), tmp_path, samples_per_shard=5)  # 4 shards, the old version
+
+    def new_version():
+        for i, s in enumerate(make(20, payload=b"y")):
+            if i == 7:
+                raise RuntimeError("the machine went down")
+            yield s
+
+    with pytest.raises(RuntimeError):
+        write_tar_shards(new_version(), tmp_path, samples_per_shard=5)  # 1 new shard over the old ones
+    for shards in (tmp_path, str(tmp_path / "shard-*.tar"), sorted(tmp_path.glob("shard-*.tar"))):
+        with pytest.raises(ValueError, match="not one complete set: the write stopped"):
+            TarShardDataset(shards)
+    write_tar_shards(make(20, payload=b"y"), tmp_path, samples_per_shard=5)  # the rewrite completes
+    assert {bytes(s["bin"])[:1] for s in TarShardDataset(tmp_path)} == {b"y"}

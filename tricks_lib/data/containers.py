@@ -35,7 +35,9 @@ import torch
 from torch.utils.data import Dataset
 
 from tricks_lib._atomic import atomic_path
+from tricks_lib.data.images import FOLDER_MANIFEST, FOLDER_SET, folder_manifest
 from tricks_lib.data.samples import check_samples
+from tricks_lib.data.write_state import refuse_unfinished_write
 
 __all__ = ["FolderDataset", "PtDataset", "write_npy", "write_pt"]
 
@@ -108,17 +110,34 @@ class _PerProcessHandleDataset(_SampleDataset):
 
 
 class FolderDataset(_SampleDataset):
-    """Samples stored as one file per field (``<key>.<ext>``) in a folder, read with ``open``."""
+    """Samples stored as one file per field (``<key>.<ext>``) in a folder, read with ``open``.
+
+    A folder that ``write_image_folder`` wrote is read as the set its last complete write listed: a
+    write that stopped halfway, or files missing from that set or added beside it, are a ValueError
+    (never a silent mix of two versions). Any other folder is read whole.
+    """
 
     def __init__(self, root: str | os.PathLike, *, transform: Callable[[dict], object] | None = None):
         super().__init__(root, transform)
+        refuse_unfinished_write(self.path, FOLDER_SET, "the files")
         groups: dict[str, dict[str, Path]] = {}
-        for p in sorted(self.path.rglob("*")):
-            if p.is_file() and not p.name.startswith("."):
-                rel = p.relative_to(self.path).as_posix()
-                head, _, base = rel.rpartition("/")
-                stem, _, ext = base.partition(".")
-                groups.setdefault(f"{head}/{stem}" if head else stem, {})[ext] = p
+        found = [p for p in sorted(self.path.rglob("*")) if p.is_file() and not p.name.startswith(".")]
+        listed = folder_manifest(self.path)
+        if listed is not None:
+            names = {p.relative_to(self.path).as_posix() for p in found}
+            missing, extra = sorted(set(listed) - names), sorted(names - set(listed))
+            if missing or extra:
+                raise ValueError(
+                    f"{self.path} is not the set write_image_folder last wrote: {len(missing)} of its files missing"
+                    f"{f' (e.g. {missing[0]})' if missing else ''}, {len(extra)} other files beside them"
+                    f"{f' (e.g. {extra[0]})' if extra else ''}; write the folder again, or delete "
+                    f"{FOLDER_MANIFEST} to read whatever files it holds"
+                )
+        for p in found:
+            rel = p.relative_to(self.path).as_posix()
+            head, _, base = rel.rpartition("/")
+            stem, _, ext = base.partition(".")
+            groups.setdefault(f"{head}/{stem}" if head else stem, {})[ext] = p
         self.keys = sorted(groups)
         self._files = [groups[k] for k in self.keys]
 

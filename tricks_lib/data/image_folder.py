@@ -14,6 +14,7 @@ b"<class>/<file>"}`` whose image field is the file's extension lower-cased (``a.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import random
@@ -25,6 +26,7 @@ from pathlib import Path
 from tricks_lib._atomic import write_bytes_atomic
 from tricks_lib._validate import check_non_negative_int
 from tricks_lib.data.shards import write_tar_shards
+from tricks_lib.data.write_state import refuse_unfinished_write
 
 __all__ = [
     "CLASSES_FILE",
@@ -114,7 +116,9 @@ def image_folder_to_shards(
     with its index file; a rewrite replaces the folder's earlier shards of that prefix), streaming:
     one image in memory at a time. Then ``out_dir/classes.json`` is written atomically, last, so
     that its presence says the conversion completed: ``{"classes": [...], "class_to_idx": {...},
-    "samples_per_class": {...}, "image_fields": [...]}`` (read it with :func:`read_shard_classes`).
+    "samples_per_class": {...}, "image_fields": [...], "prefix": ..., "shards": {name: bytes}}`` (read it
+    with :func:`read_shard_classes`, which checks that the shards beside it are the ones it was written
+    with). A rerun removes it before it changes the first shard.
 
     Args:
         root: the ImageFolder root (``root/<class>/<image>``).
@@ -146,6 +150,8 @@ def image_folder_to_shards(
     if shuffle_seed is not None:
         random.Random(shuffle_seed).shuffle(files)
     fields = {_field(path) for path, _ in files}
+    # Gone before the first shard changes, written after the last: a label map never sits beside other shards.
+    (out / CLASSES_FILE).unlink(missing_ok=True)
     shards = write_tar_shards(_samples(root, files), out, samples_per_shard=samples_per_shard, prefix=prefix)
     counts = Counter(label for _, label in files)
     label_map = {
@@ -153,6 +159,8 @@ def image_folder_to_shards(
         "class_to_idx": class_to_idx,
         "samples_per_class": {name: counts[label] for name, label in class_to_idx.items()},
         "image_fields": sorted(fields),
+        "prefix": prefix,
+        "shards": {path.name: path.stat().st_size for path in shards},  # read_shard_classes checks them
     }
     write_bytes_atomic(out / CLASSES_FILE, json.dumps(label_map, indent=1).encode() + b"\n")
     return shards
@@ -177,7 +185,25 @@ def _samples(root: Path, files: list[tuple[Path, int]]) -> Iterator[dict]:
 def read_shard_classes(out_dir: str | os.PathLike) -> dict[str, int]:
     """The ``{class name: label}`` map that :func:`image_folder_to_shards` wrote beside its shards.
 
+    Checks first that the shards beside it are the very ones the conversion wrote (names and sizes):
+    a label map read with other shards would give their samples wrong labels without a word.
+
     Raises:
         FileNotFoundError: if ``out_dir`` has no ``classes.json`` (the conversion did not complete).
+        ValueError: if the shards beside it differ from those it was written with (a rerun stopped
+            halfway, or shards were added, removed or rewritten since).
     """
-    return json.loads((Path(out_dir) / CLASSES_FILE).read_text())["class_to_idx"]
+    out = Path(out_dir)
+    label_map = json.loads((out / CLASSES_FILE).read_text())
+    recorded = label_map.get("shards")
+    if recorded is not None:  # written by this version; older label maps carry no shard list
+        prefix = label_map["prefix"]
+        refuse_unfinished_write(out, f"{prefix}-shards", f"the shards {prefix}-*.tar")
+        present = {p.name: p.stat().st_size for p in out.glob(f"{glob.escape(prefix)}-*.tar")}
+        if present != recorded:
+            changed = sorted(set(present) ^ set(recorded)) or sorted(n for n in present if present[n] != recorded[n])
+            raise ValueError(
+                f"{CLASSES_FILE} in {out} does not describe the shards beside it ({len(recorded)} written with it, "
+                f"{len(present)} there; first difference: {changed[0]}): rerun image_folder_to_shards"
+            )
+    return label_map["class_to_idx"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import json
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from PIL import Image
 from tricks_lib._atomic import write_bytes_atomic
 from tricks_lib._validate import check_flag, check_non_negative_int, check_positive
 from tricks_lib.data.samples import check_samples
+from tricks_lib.data.write_state import write_in_progress
 
 __all__ = [
     "DecodeSample",
@@ -212,6 +214,12 @@ def make_samples(photos: PhotoSet, *, fmt: str = "jpg", quality: int = 90) -> li
 def write_image_folder(samples: Iterable[dict], out_dir: str | os.PathLike) -> list[Path]:
     """Write each field of each sample as its own file ``out_dir/<key>.<ext>``, atomically.
 
+    The folder's files are one set: ``.image-folder.json`` lists the files of the last complete write,
+    and a rewrite deletes the files of the previous write that it did not write again. While it runs
+    the folder holds ``.image-folder.writing``; a write that stops halfway leaves it, and
+    :class:`~tricks_lib.data.FolderDataset` then refuses the folder (new files beside old ones) until
+    a write completes.
+
     Returns:
         The written paths, in sample order. Each file appears only once completely written.
     Raises:
@@ -219,14 +227,37 @@ def write_image_folder(samples: Iterable[dict], out_dir: str | os.PathLike) -> l
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    previous = folder_manifest(out) or []
     written = []
-    for sample in check_samples(samples):
-        for ext, value in sample.items():
-            if not ext.startswith("__"):
-                path = out / f"{sample['__key__']}.{ext}"
-                path.parent.mkdir(parents=True, exist_ok=True)
-                written.append(write_bytes_atomic(path, bytes(value)))
+    with write_in_progress(out, FOLDER_SET):  # the manifest stays the last complete write's until the end
+        for sample in check_samples(samples):
+            for ext, value in sample.items():
+                if not ext.startswith("__"):
+                    path = out / f"{sample['__key__']}.{ext}"
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    written.append(write_bytes_atomic(path, bytes(value)))
+        names = sorted(p.relative_to(out).as_posix() for p in written)
+        for stale in set(previous) - set(names):  # the older version's files this write did not replace
+            (out / stale).unlink(missing_ok=True)
+        write_bytes_atomic(out / FOLDER_MANIFEST, json.dumps(names).encode())
     return written
+
+
+FOLDER_SET = "image-folder"  # the set's name for write_in_progress
+FOLDER_MANIFEST = ".image-folder.json"  # the files of the last complete write_image_folder, a JSON list
+
+
+def folder_manifest(folder: Path) -> list[str] | None:
+    """The files (relative POSIX paths) the last complete :func:`write_image_folder` wrote, None if none did."""
+    try:
+        names = json.loads((folder / FOLDER_MANIFEST).read_text())
+    except FileNotFoundError:
+        return None
+    except ValueError as err:
+        raise ValueError(f"{folder / FOLDER_MANIFEST} is damaged ({err}); write the folder again") from None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"{folder / FOLDER_MANIFEST} is not a list of file names; write the folder again")
+    return names
 
 
 class DecodeSample:

@@ -67,16 +67,19 @@ def _encode_index(index: ShardIndex) -> bytes | None:
     return body + struct.pack("<I", zlib.crc32(body))
 
 
-def _decode_index(shard: Path, data: bytes, identity: tuple[int, ...]) -> ShardIndex | None:
+def _decode_index(shard: Path, data: bytes, identity: tuple[int, ...] | None) -> ShardIndex | None:
     """The index held in an index file's bytes if they are intact, belong to the file whose identity
-    is ``identity``, and describe a consistent layout; else None (the caller reads the headers)."""
+    is ``identity`` (None: whichever file they were made for), and describe a consistent layout; else
+    None (the caller reads the headers)."""
     if len(data) < _INDEX_HEAD.size + 4 or not data.startswith(_INDEX_MAGIC):
         return None
     body = memoryview(data)[:-4]
     if zlib.crc32(body) != struct.unpack_from("<I", data, len(data) - 4)[0]:
         return None  # truncated, or a flipped bit
     head = _INDEX_HEAD.unpack_from(data)
-    if head[1:6] != identity:
+    if identity is None:
+        identity = tuple(head[1:6])
+    elif head[1:6] != identity:
         return None  # another file (another shard's index, a rewrite, a copy): stale
     end, n, m, keys_len, exts_len = head[6:]
     if len(data) != _INDEX_HEAD.size + 8 * (n + 1) + 24 * m + 4 * m + _FIELDS_SIZE * m + keys_len + exts_len + 4:
@@ -215,9 +218,11 @@ def load_shard_index(path: str | os.PathLike, *, index_file: bool = True) -> Sha
         path: the tar shard.
         index_file: False to read every header and neither read nor write an index file.
     Raises:
-        ShardError: on a truncated or corrupt shard. FileNotFoundError: if the shard does not exist.
+        ShardError: on a truncated or corrupt shard, or one that holds fewer samples than its index file
+            recorded (the index file is kept). FileNotFoundError: if the shard does not exist.
     """
     path = Path(path)
+    data = b""
     if index_file:
         with open(path, "rb") as f:
             identity = _identity(os.fstat(f.fileno()))
@@ -230,5 +235,21 @@ def load_shard_index(path: str | os.PathLike, *, index_file: bool = True) -> Sha
                 return index
     index = index_tar_shard(path)
     if index_file:
+        _refuse_lost_samples(index, _decode_index(path, data, None))
         write_index_file(index)
     return index
+
+
+def _refuse_lost_samples(index: ShardIndex, recorded: ShardIndex | None) -> None:
+    """An index file that recorded more samples than the shard now holds, the shard's keys being the
+    first of its keys, describes this shard before it lost its tail (lost writes, a truncation): that is
+    an error to report, never a reason to replace the index file with a smaller one."""
+    if recorded is None or len(recorded) <= len(index) or recorded.keys[: len(index)] != index.keys:
+        return
+    raise ShardError(
+        index.path,
+        index.end,
+        f"the shard holds {len(index)} samples where its index file ({index_file_path(index.path).name}) "
+        f"recorded {len(recorded)}, from key {recorded.keys[len(index)]!r} on: its tail was lost or cut "
+        "off. Write the shard again; if it is meant to be shorter now, delete the index file",
+    )

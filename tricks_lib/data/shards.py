@@ -42,6 +42,7 @@ from tricks_lib._validate import check_flag, check_non_negative_int, check_posit
 from tricks_lib.data.samples import check_samples
 from tricks_lib.data.shard_index import index_tar_shard, read_tar_samples, request_read_ahead
 from tricks_lib.data.shard_index_file import load_shard_index, write_index_file
+from tricks_lib.data.write_state import refuse_unfinished_write, write_in_progress
 
 __all__ = ["TarShardDataset", "find_shards", "write_tar_shards"]
 
@@ -57,8 +58,10 @@ def write_tar_shards(
 
     Rewriting a folder replaces its shards: after all new shards are written, shards of an earlier
     write named ``<prefix>-NNNNNN.tar`` with a higher number than the last new one are deleted, so
-    ``glob("<prefix>-*.tar")`` finds exactly the new samples. (If a rewrite is interrupted, old
-    shards beyond the new ones remain until a rewrite completes.) Other files are left alone.
+    ``glob("<prefix>-*.tar")`` finds exactly the new samples. While the write runs the folder holds
+    ``.<prefix>-shards.writing``; a write that stops halfway leaves it, and :func:`find_shards` (so
+    :class:`TarShardDataset`) then refuses these shards, which may mix new and old samples, until a
+    write completes. Other files are left alone.
 
     Args:
         samples: iterable of dicts ``{"__key__": str, ext: bytes, ...}``; keys unique, without '.'.
@@ -73,13 +76,23 @@ def write_tar_shards(
     check_positive(samples_per_shard, "samples_per_shard", allow_none=False, integer=True)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    it = iter(check_samples(samples))
+    with write_in_progress(out, _set_name(prefix)):  # readers refuse the folder's shards until the write ends
+        shards = _write_shards(it, out, samples_per_shard, prefix)
+        _remove_stale_shards(out, prefix, len(shards))
+    return shards
+
+
+def _set_name(prefix: str) -> str:
+    return f"{prefix}-shards"
+
+
+def _write_shards(it: Iterator[dict], out: Path, samples_per_shard: int, prefix: str) -> list[Path]:
     shards: list[Path] = []
     seen: set[str] = set()
-    it = iter(check_samples(samples))
     while True:
         first = next(it, None)
         if first is None:
-            _remove_stale_shards(out, prefix, len(shards))
             return shards
         path = out / f"{prefix}-{len(shards):06d}.tar"
         with atomic_path(path) as tmp, tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
@@ -130,7 +143,8 @@ class _BytesReader:
 
 # --------------------------------------------------------------------------------------- dataset
 def find_shards(shards: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Path]:
-    """The shard paths that ``shards`` names, as :class:`TarShardDataset` reads them.
+    """The shard paths that ``shards`` names, as :class:`TarShardDataset` reads them, refusing shards whose
+    folder shows an unfinished :func:`write_tar_shards` of their set.
 
     Args:
         shards: one of
@@ -145,9 +159,17 @@ def find_shards(shards: str | os.PathLike | Sequence[str | os.PathLike]) -> list
     Raises:
         ValueError: if a folder holds no ``*.tar`` file, or shards of more than one set (``train-*`` beside
             ``val-*``: pass a pattern), a pattern matches no file, or the sequence is empty (each names what
-            was looked for). FileNotFoundError: a shard in the folder or the pattern is a dangling link.
+            was looked for); if a write of the shards' set started and did not finish (new and old shards
+            may be mixed). FileNotFoundError: a shard in the folder or the pattern is a dangling link.
             TypeError: on something that is not a path.
     """
+    found = _find_shards(shards)
+    for folder, prefix in sorted({(p.parent, _SHARD_NAME.sub("", p.name)) for p in found}):
+        refuse_unfinished_write(folder, _set_name(prefix), f"the shards {prefix}-*.tar")
+    return found
+
+
+def _find_shards(shards: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Path]:
     if isinstance(shards, (str, os.PathLike)):
         where = Path(shards)
         if where.is_dir():

@@ -56,11 +56,18 @@ def _header_ok(block: bytes) -> bool:
 _CHUNK = 1 << 20
 
 
+# tar ends an archive with two zero blocks and pads it to a whole record (20 blocks, 10 KiB by default).
+RECORD = 20 * BLOCK
+
+
 def check_zero_tail(f, shard: Path, offset: int, file_size: int) -> None:
-    """After the first end-of-archive block, everything up to the end of the file must be zero.
+    """After the first end-of-archive block (``offset`` is just past it), everything up to the end of the
+    file must be zero, and no longer than tar's own padding.
 
     GNU tar's "lone zero block" check: a zeroed sector or a zero-filled gap inside an archive, and a
-    second archive appended to the first, would otherwise end the shard early without a word.
+    second archive appended to the first, would otherwise end the shard early without a word. Zeros
+    beyond the end-of-archive marker and one record of padding are the same error seen from the end:
+    writes lost in a crash leave the file's length and zeros where its last samples were.
     """
     f.seek(offset)
     pos = offset
@@ -78,6 +85,15 @@ def check_zero_tail(f, shard: Path, offset: int, file_size: int) -> None:
                 f"concatenated); the marker is at byte offset {offset}",
             )
         pos += len(chunk)
+    marker = offset - BLOCK
+    if file_size - marker > 2 * BLOCK + RECORD:
+        raise ShardError(
+            shard,
+            marker,
+            f"{file_size - marker} bytes of zeros from here to the end of the file, where tar pads at most "
+            f"{2 * BLOCK + RECORD}: the shard's later samples were lost (a crash before its writes reached "
+            "the disk?) or zeroed; write it again",
+        )
 
 
 def _pax_records(data: bytes) -> dict[str, str]:

@@ -123,7 +123,7 @@ def test_every_sample_once_per_epoch_in_the_seeded_order(data, plain, reuse):
 def test_ring_never_overwrites_a_batch_someone_holds(data, plain):
     jpegs, labels = data
     ds = JpegBatchDataset(jpegs, labels, shape=(SIDE, SIDE))
-    loader = JpegLoader(ds, batch_size=2, num_workers=0, persistent_workers=False, ring_slots=2)
+    loader = JpegLoader(ds, batch_size=2, num_workers=0, persistent_workers=False, reuse=True, ring_slots=2)
     for batch in loader:  # the consumer drops each batch: every batch reuses a slot
         assert len(batch[1]) <= 2
     assert loader.counts().fresh == 0 and loader.counts().reused == 6
@@ -146,7 +146,7 @@ def test_ring_never_overwrites_a_batch_someone_holds(data, plain):
 def test_a_new_epoch_after_a_break_is_complete(data, plain):
     jpegs, labels = data
     ds = JpegBatchDataset(jpegs, labels, shape=(SIDE, SIDE))
-    loader = JpegLoader(ds, batch_size=3, num_workers=0, persistent_workers=False, ring_slots=2)
+    loader = JpegLoader(ds, batch_size=3, num_workers=0, persistent_workers=False, reuse=True, ring_slots=2)
     first = next(iter(loader))[0].clone()
     assert torch.equal(first, plain[:3])
     assert torch.equal(epoch_of(loader)[0], plain)
@@ -204,7 +204,7 @@ def test_limit_worker_threads():
 def test_workers_yield_the_plain_decode_each_sample_once(data, plain, persistent):
     jpegs, labels = data
     ds = JpegBatchDataset(jpegs, labels, shape=(SIDE, SIDE))
-    loader = JpegLoader(ds, batch_size=1, shuffle=True, num_workers=2, persistent_workers=persistent)
+    loader = JpegLoader(ds, batch_size=1, shuffle=True, num_workers=2, persistent_workers=persistent, reuse=True)
     next(iter(loader))  # an abandoned epoch: its in-flight batches must not leak into the next
     for e in range(2):
         loader.set_epoch(e)
@@ -216,3 +216,32 @@ def test_workers_yield_the_plain_decode_each_sample_once(data, plain, persistent
     kept = list(loader)  # kept batches come back fresh once the ring is held, never overwritten
     assert torch.equal(torch.cat([x for x, _ in kept]), plain[[i for b in loader.epoch_batches(1) for i in b]])
     assert loader.counts().fresh - fresh >= len(kept) - len(loader._ring) > 0
+
+
+def _read_later(queue, results):
+    import time
+
+    batches = []
+    for _ in range(3):
+        batches.append(queue.get())
+        time.sleep(0.05)  # a slow saver: the producer has moved on meanwhile
+    results.put([b.numpy().copy() for b in batches])  # by value: this process may be gone when it is read
+
+
+def test_by_default_a_batch_sent_to_another_process_is_never_overwritten(data, plain):
+    jpegs, labels = data
+    ds = JpegBatchDataset(jpegs, labels, shape=(SIDE, SIDE))
+    loader = JpegLoader(ds, batch_size=2, num_workers=0, persistent_workers=False)  # the default: no ring
+    ctx = torch.multiprocessing.get_context("fork")
+    queue, results = ctx.Queue(), ctx.Queue()
+    reader = ctx.Process(target=_read_later, args=(queue, results))
+    reader.start()
+    try:
+        for i, (images, _) in enumerate(loader):
+            if i < 3:
+                queue.put(images)  # shared memory travels as a handle, not a copy
+        received = results.get(timeout=60)
+    finally:
+        reader.join(timeout=30)
+    assert torch.equal(torch.cat([torch.from_numpy(r) for r in received]), plain[:6])
+    assert loader.counts().reused == 0

@@ -10,13 +10,17 @@ through a socket per batch. Three steps remove that:
   directly into its row of one preallocated ``(B, H, W, 3)`` uint8 tensor (no per-image array, no
   stacking), optionally pre-faulted in one ``madvise(MADV_POPULATE_WRITE)`` call.
 - :class:`JpegLoader` runs it under a ``DataLoader`` (batch requests from its own sampler, one thread
-  per worker, persistent workers) and, with ``reuse=True``, decodes into a ring of shared-memory
+  per worker, persistent workers) and, with ``reuse=True`` (opt-in), decodes into a ring of shared-memory
   batches that the main process allocated once: a worker then sends back only the slot number and
   the labels, and its pages are faulted once per run, not once per batch.
 - The ring's contract is enforced, not documented only: a slot is handed to a worker again only when
   no tensor in the main process still refers to it (its storage's use count, views and
   ``.numpy()`` arrays included). A consumer that keeps batches gets fresh ones instead, never
-  overwritten ones; ``counts()`` says how often that happened.
+  overwritten ones; ``counts()`` says how often that happened. What no count in this process can
+  see is another process: a batch put on a ``torch.multiprocessing`` queue (a saver, a logger)
+  travels as a handle to the same shared memory, and the ring would overwrite it before the
+  receiver reads it. So the ring is opt-in (``reuse=True``), for loops that consume each batch in
+  this process; send ``images.clone()`` to other processes.
 
 Images come out channels last, ``(B, H, W, 3)`` uint8, as decoders write them;
 ``images.permute(0, 3, 1, 2)`` is a free ``(B, 3, H, W)`` view (``channels_last`` memory format).
@@ -120,11 +124,12 @@ class JpegLoader:
         num_workers: DataLoader worker processes (0: decode in the main process).
         prefetch_factor: batches in flight per worker.
         persistent_workers: keep the workers between epochs (needs ``num_workers > 0``).
-        reuse: decode into a ring of shared batches allocated once (``ring_slots`` of them). A slot is
-            reused only once no tensor in this process still refers to it; otherwise a fresh batch is
-            decoded, so keeping batches (``kept.append(images)``) is safe, just slower. Not tracked:
-            raw pointers (``data_ptr()``, ctypes) and pinning a batch in place (``cudaHostRegister``)
-            for an asynchronous copy; ``images.to("cuda")`` from this pageable memory has read the
+        reuse: decode into a ring of shared batches allocated once (``ring_slots`` of them); off by
+            default. A slot is reused only once no tensor in this process still refers to it;
+            otherwise a fresh batch is decoded, so keeping batches (``kept.append(images)``) is safe,
+            just slower. Not tracked: other processes (a batch sent through a ``torch.multiprocessing``
+            queue shares the slot's memory: send ``images.clone()``), raw pointers (``data_ptr()``,
+            ctypes) and pinning a batch in place (``cudaHostRegister``) for an asynchronous copy; ``images.to("cuda")`` from this pageable memory has read the
             batch when it returns, and ``pin_memory()`` makes a copy. Shared memory used:
             ``ring_slots * batch_size * H * W * 3`` bytes.
         ring_slots: ring size (default ``num_workers * prefetch_factor + 2``: the batches in flight,
@@ -145,7 +150,7 @@ class JpegLoader:
         num_workers: int = 2,
         prefetch_factor: int = 2,
         persistent_workers: bool = True,
-        reuse: bool = True,
+        reuse: bool = False,
         ring_slots: int | None = None,
         prefault: bool = True,
     ):

@@ -4,6 +4,7 @@ import os
 
 import pytest
 import torch
+from process_state import gone_within
 
 from tricks_lib.compiling import CompileCost, compile_cost, fresh_compile_cache
 from tricks_lib.inference.compiled import export_for_fresh_processes
@@ -120,3 +121,18 @@ def test_compile_cost_checks_its_new_options():
         compile_cost("x = 1", "x", no_grad=1)
     with pytest.raises(TypeError, match="progress"):
         compile_cost("x = 1", "x", progress="yes")
+
+
+def test_a_timeout_stops_the_fresh_process_and_what_its_setup_started(tmp_path):
+
+    pid_file = tmp_path / "grandchild.pid"
+    setup = (
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+        "time.sleep(120)\n"
+    )
+    with pytest.raises(RuntimeError, match="did not finish within 8 s"):
+        compile_cost(setup, "None", device="cpu", timeout=8)
+    grandchild = int(pid_file.read_text())
+    assert gone_within(grandchild, 5), "the setup's child outlived the timed-out fresh process"

@@ -29,6 +29,7 @@ from typing import ClassVar
 
 import torch
 
+from tricks_lib._processes import run_in_own_group
 from tricks_lib.env import pick_device
 from tricks_lib.formatting import format_seconds
 from tricks_lib.measurements import Comparison
@@ -255,14 +256,8 @@ def _run_child(
     }
     start = time.perf_counter()
     try:
-        done = subprocess.run(
-            [sys.executable, "-c", _CHILD],
-            input=json.dumps(spec),
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=timeout,
-        )
+        # Its own process group: a timeout or Ctrl-C stops the setup's own children too (compile workers).
+        done = run_in_own_group([sys.executable, "-c", _CHILD], input=json.dumps(spec), env=env, timeout=timeout)
     except subprocess.TimeoutExpired as err:
         raise RuntimeError(f"compile_cost: the fresh process did not finish within {timeout:.0f} s") from err
     wall = time.perf_counter() - start

@@ -1,6 +1,7 @@
 """compare_environments / evaluate_in_environments / allocators: each worker process runs under its own environment."""
 
 import pytest
+from process_state import gone_within
 
 from tricks_lib.inference.allocators import allocator_environments, find_shared_library, loaded_allocators
 from tricks_lib.inference.env_compare import EnvironmentComparison, compare_environments
@@ -99,3 +100,23 @@ def test_a_thread_sweep_reports_each_workers_threads():
 def test_progress_must_be_a_flag():
     with pytest.raises(TypeError, match="progress"):
         compare_environments("", "pass", ENVS, baseline="a", progress="yes")
+
+
+def test_a_setup_that_hangs_is_stopped_at_the_timeout_with_its_children(tmp_path):
+    import time
+
+    from tricks_lib.inference.env_workers import evaluate_in_environments
+
+    pid_file = tmp_path / "child.pid"
+    setup = (
+        "import subprocess, sys, time\n"
+        f"child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+        "time.sleep(120)\n"
+    )
+    start = time.perf_counter()
+    with pytest.raises(RuntimeError, match="did not answer within 3 s"):
+        evaluate_in_environments("1", {"hangs": {}}, setup=setup, timeout=3)
+    assert time.perf_counter() - start < 30
+    child = int(pid_file.read_text())
+    assert gone_within(child, 5), "the setup's own child outlived the worker"

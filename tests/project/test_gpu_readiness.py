@@ -40,7 +40,9 @@ EXACT_ON_EVERY_DEVICE = {
 BITWISE = re.compile(r"torch\.equal\(|\brtol=0\b(?!\.)|\batol=0\b(?!\.)")
 CPU_ONLY = re.compile(r"""device\.type == ["']cpu["']|\.cpu\(\)\.numpy\(\)""")
 # A condition that holds on CUDA only (not its negation: "if not on_cuda" guards the CPU's branch).
-CUDA_CONDITION = re.compile(r"""^(?!not )(?:.*\btype == ["']cuda["']|on_cuda\b|ON_GPU\b|torch\.cuda\.is_available\(\))""")
+CUDA_CONDITION = re.compile(
+    r"""^(?!not )(?:.*\btype == ["']cuda["']|on_cuda\b|ON_GPU\b|torch\.cuda\.is_available\(\))"""
+)
 WORK_CALLS = ("compare(", ".add(", "display(")
 NAMES_THE_NEED = re.compile(r"CUDA|GPU|cuDNN|nvjpeg", re.I)
 
@@ -124,9 +126,14 @@ def test_every_gpu_only_cell_says_on_a_cpu_what_it_needs():
 
 
 def test_the_scan_finds_a_gpu_only_cell_and_its_skip_line():
-    cell = {"source": ['x = None\nif DEVICE.type == "cuda":\n    x = compare({})\n'
-                       'x if x is not None else Markdown("*Skipped: needs a CUDA GPU.*")'],
-            "outputs": [{"data": {"text/markdown": "*Skipped: needs a CUDA GPU.*"}}], "cell_type": "code"}
+    cell = {
+        "source": [
+            'x = None\nif DEVICE.type == "cuda":\n    x = compare({})\n'
+            'x if x is not None else Markdown("*Skipped: needs a CUDA GPU.*")'
+        ],
+        "outputs": [{"data": {"text/markdown": "*Skipped: needs a CUDA GPU.*"}}],
+        "cell_type": "code",
+    }
     cpu_cell = {"source": ['if not on_cuda:\n    display("x")\nelse:\n    compare({})'], "cell_type": "code"}
 
     class FakePath:
@@ -160,8 +167,12 @@ def sizes_for(stem, device, monkeypatch):
         except SyntaxError:
             continue
         for node in tree.body:
-            if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
-                    and "size_for_mode(" in ast.unparse(node.value)):
+            if (
+                isinstance(node, ast.Assign)
+                and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)
+                and "size_for_mode(" in ast.unparse(node.value)
+            ):
                 try:
                     namespace[node.targets[0].id] = eval(compile(ast.Expression(node.value), stem, "eval"), namespace)
                 except NameError:

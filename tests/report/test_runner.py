@@ -367,6 +367,23 @@ def test_cell_timeout_is_enforced(tmp_path):
     assert runs[0].seconds < 45
 
 
+def test_what_a_stopped_kernel_leaves_in_the_temp_folder_is_removed_with_it(tmp_path):
+    folder = tmp_path / "nbs"
+    folder.mkdir()
+    # A temporary folder the kernel never removes (a killed kernel's TemporaryDirectory, a child's files).
+    write_nb(
+        folder / "40_leaks.ipynb",
+        "import os, tempfile\nleft = tempfile.mkdtemp()\nopen(os.path.join(left, 'x'), 'wb').write(b'1' * 1000)",
+        "import json, os\nprint(json.dumps([left, os.environ['TORCHINDUCTOR_CACHE_DIR']]))",
+    )
+    runs = run_notebooks(find_notebooks(folder), tmp_path / "out", quick=True, progress=False)
+    assert runs[0].ok, runs[0].error
+    executed = nbformat.read(tmp_path / "out" / "notebooks" / "40_leaks.ipynb", as_version=4)
+    left, inductor_cache = json.loads(executed.cells[2].outputs[0]["text"])
+    assert not os.path.exists(left) and not os.path.exists(os.path.dirname(left))
+    assert not inductor_cache.startswith(os.path.dirname(left))  # the compile cache is meant to last: kept
+
+
 @pytest.mark.slow
 def test_ctrl_c_stops_the_run_marks_the_rest_interrupted_and_exits_130(tmp_path, capsys):
     folder = tmp_path / "nbs"

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
 import tempfile
 import textwrap
 from collections.abc import Mapping
+
+from tricks_lib._processes import kill_group
 
 __all__ = ["evaluate_in_environments"]
 
@@ -111,11 +114,20 @@ class _Worker:
             stderr=self.stderr,
             text=True,
             env=env,
+            start_new_session=True,  # closing it stops what its setup started too; Ctrl-C reaches this process only
         )
         self.proc.stdin.write(json.dumps({**spec, "name": name}) + "\n")
         self.proc.stdin.flush()
 
     def read(self) -> str:
+        """The worker's next reply line; RuntimeError if it exits, or does not answer within the timeout."""
+        ready, _, _ = select.select([self.proc.stdout], [], [], self.timeout)  # replies are whole lines
+        if not ready:
+            self.close(kill=True)
+            raise RuntimeError(
+                f"environment {self.name!r}: the worker did not answer within {self.timeout:.0f} s "
+                f"(a setup or statement that hangs?); it was stopped. Pass a longer timeout if it is only slow."
+            )
         line = self.proc.stdout.readline()
         if not line:
             self.proc.wait(timeout=self.timeout)
@@ -132,15 +144,17 @@ class _Worker:
         self.proc.stdin.flush()
         return self.read()
 
-    def close(self) -> None:
-        if self.proc.poll() is None:
+    def close(self, *, kill: bool = False) -> None:
+        """End the worker: let it finish (its stdin closed), or with ``kill`` stop its whole group now."""
+        if self.proc.poll() is None and not kill:
             self.proc.stdin.close()
             try:
                 self.proc.wait(timeout=self.timeout)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.stderr.close()
+                pass
+        kill_group(self.proc)  # also whatever its setup started
+        if not self.stderr.closed:
+            self.stderr.close()
 
 
 def _start(environments, spec, timeout) -> dict[str, _Worker]:
@@ -151,9 +165,9 @@ def _start(environments, spec, timeout) -> dict[str, _Worker]:
         for worker in workers.values():
             if worker.read() != "ready":
                 raise RuntimeError(f"environment {worker.name!r}: unexpected worker output")
-    except BaseException:
+    except BaseException:  # an error, a timeout or Ctrl-C: stop every worker now, without waiting for them
         for worker in workers.values():
-            worker.close()
+            worker.close(kill=True)
         raise
     return workers
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import getpass
 import json
 import os
 import re
@@ -265,6 +266,10 @@ def _execute(
     state: dict[str, int] = {}
     # IPC sockets in a private folder: no TCP ports to collide on a shared machine, no network at all.
     ipc_dir = tempfile.mkdtemp(prefix="tricks-kernel-")
+    # The kernel's temporary files in a folder of its own, removed with it: the kernel is stopped, not
+    # exited, so its own clean-up (TemporaryDirectory, atexit) never runs, and its children's neither.
+    scratch = tempfile.mkdtemp(prefix="tricks-tmp-")
+    env = {**env, "TMPDIR": scratch, **_kept_caches()}
     # The async manager: with the blocking one, nbclient cannot enforce the per-cell timeout.
     km = AsyncKernelManager(
         kernel_name=CURRENT_ENV_KERNEL,
@@ -299,7 +304,17 @@ def _execute(
         if km.has_kernel:
             run_sync(km.shutdown_kernel)(now=True)
         shutil.rmtree(ipc_dir, ignore_errors=True)
+        shutil.rmtree(scratch, ignore_errors=True)
     return None, None
+
+
+def _kept_caches() -> dict[str, str]:
+    """Inductor's compile cache where it would be without the kernel's own TMPDIR (a cache meant to last, not a
+    leftover), unless the caller chose one: torch's default, ``<temp folder>/torchinductor_<user>``."""
+    if "TORCHINDUCTOR_CACHE_DIR" in os.environ:
+        return {}
+    user = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
+    return {"TORCHINDUCTOR_CACHE_DIR": os.path.join(tempfile.gettempdir(), f"torchinductor_{user}")}
 
 
 async def _reap(client) -> None:

@@ -701,3 +701,33 @@ def test_an_interrupted_rewrite_is_refused_not_read_as_a_mix(tmp_path):
             TarShardDataset(shards)
     write_tar_shards(make(20, payload=b"y"), tmp_path, samples_per_shard=5)  # the rewrite completes
     assert {bytes(s["bin"])[:1] for s in TarShardDataset(tmp_path)} == {b"y"}
+
+
+_CUT_WHILE_READ = """
+import os, sys
+from tricks_lib.data.shard_index_file import load_shard_index
+from tricks_lib.data.shard_index import read_tar_samples
+from tricks_lib.data.tar_format import ShardError
+path = sys.argv[1]
+samples = read_tar_samples(load_shard_index(path))
+next(samples)
+os.truncate(path, os.path.getsize(path) // 3)  # cut (or copied over in place) while it is read
+try:
+    for _ in samples:
+        pass
+except ShardError as err:
+    print("ShardError:", err)
+"""
+
+
+def test_a_shard_cut_while_it_is_read_is_a_shard_error_not_a_sigbus(tmp_path):
+    import subprocess
+    import sys
+
+    (path,) = write_tar_shards(make(300, payload=b"z" * 50), tmp_path, samples_per_shard=300)
+    # In a child: a SIGBUS would kill this process too.
+    done = subprocess.run(
+        [sys.executable, "-c", _CUT_WHILE_READ, str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])  # -7: killed by SIGBUS
+    assert "ShardError:" in done.stdout and "cut to" in done.stdout and path.name in done.stdout

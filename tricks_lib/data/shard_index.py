@@ -189,7 +189,7 @@ def read_tar_samples(index: ShardIndex, start: int = 0, stop: int | None = None)
             first = first // mmap.PAGESIZE * mmap.PAGESIZE
             if hasattr(mapped, "madvise"):
                 mapped.madvise(mmap.MADV_SEQUENTIAL, first, max(last - first, 1))
-            yield from _checked_samples(index, mapped, start, stop, _ReadAhead(mapped, first, last))
+            yield from _checked_samples(index, mapped, start, stop, _ReadAhead(mapped, first, last), f.fileno())
 
 
 def _byte_range(index: ShardIndex, start: int, stop: int) -> tuple[int, int]:
@@ -257,8 +257,21 @@ def _first_changed_header(mapped: mmap.mmap, data_offsets: np.ndarray, fields: n
     return int(differs[0]) if len(differs) else -1
 
 
+def _refuse_cut_short(index: ShardIndex, fd: int, needed: int) -> None:
+    """A mapped page past the file's end kills the process (SIGBUS) when read: check the file still reaches
+    ``needed`` first (a shard truncated, or copied over in place, while it is read)."""
+    size = os.fstat(fd).st_size
+    if size < needed:
+        raise ShardError(
+            index.path,
+            size,
+            f"the shard was cut to {size} bytes while it was read (it held {index.size}): it was truncated or "
+            "copied over in place; write new shards under new names, or wait for the copy, then read it again",
+        )
+
+
 def _checked_samples(
-    index: ShardIndex, mapped: mmap.mmap, start: int, stop: int, read_ahead: _ReadAhead
+    index: ShardIndex, mapped: mmap.mmap, start: int, stop: int, read_ahead: _ReadAhead, fd: int
 ) -> Iterator[dict]:
     keys, exts = index.keys, index.exts
     lo = start
@@ -272,6 +285,7 @@ def _checked_samples(
         m0, m1 = int(index.member_first[lo]), int(index.member_first[hi])
         data = index.data_offsets[m0:m1]
         read_ahead.reach(int(data[0]) if len(data) else 0)
+        _refuse_cut_short(index, fd, int(data[-1]) if len(data) else 0)  # the block's headers are mapped pages
         changed = _first_changed_header(mapped, data, index.header_fields[m0:m1])
         if changed >= 0:
             raise ShardError(
@@ -286,6 +300,8 @@ def _checked_samples(
         bounds = (index.member_first[lo : hi + 1] - m0).tolist()
         for k in range(hi - lo):
             sample = {"__key__": keys[lo + k]}
+            if bounds[k + 1] > bounds[k]:  # the consumer ran since the last check: the file may be shorter now
+                _refuse_cut_short(index, fd, ends[bounds[k + 1] - 1])
             for m in range(bounds[k], bounds[k + 1]):
                 sample[names[m]] = mapped[begins[m] : ends[m]]
             yield sample

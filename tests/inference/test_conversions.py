@@ -54,3 +54,19 @@ def test_output_error_reads_shapes_and_agreement():
     assert output_error(ref, torch.tensor([[0.0, 1.0], [0.0, 1.0]])).top1_agreement == 0.5
     with pytest.raises(ValueError):
         output_error(ref, ref[:1])
+
+
+def test_output_error_compares_outputs_of_any_shape():
+    images = torch.zeros(2, 3, 4, 4)
+    moved = images.clone()
+    moved[1, 2, 3, 3] = 0.25
+    err = output_error(images + 1, moved + 1, label="decoder")
+    assert err.samples == 2 and err.max_abs_error == pytest.approx(0.25) and err.top1_agreement is None
+    assert err.max_relative_error == pytest.approx(0.25) and "top-1" not in repr(err)
+    values = output_error(torch.tensor([1.0, -2.0, 4.0]), torch.tensor([1.0, -2.0, 3.0]))  # a regression's (N,)
+    assert values.max_abs_error == 1.0 and values.mean_abs_error == pytest.approx(1 / 3) and values.samples == 3
+    assert output_error(torch.tensor(2.0), torch.tensor(2.5)).samples == 1  # a scalar (a loss)
+    with pytest.raises(ValueError, match="same, non-empty shape"):
+        output_error(torch.zeros(0, 3), torch.zeros(0, 3))
+    with pytest.raises(TypeError, match="complex"):
+        output_error(torch.zeros(2, dtype=torch.complex64), torch.zeros(2, dtype=torch.complex64))

@@ -182,3 +182,23 @@ def test_the_report_puts_the_expected_rate_beside_the_observed_one():
     assert "would change the significance of about 0.5 of the 1 rows with an interval" in summary_diff.diff_markdown(
         report
     )
+
+
+def test_the_report_says_first_when_the_runs_differ_in_mode_machine_or_torch():
+    rows = [("01", "decode", "cv2", "1.80x faster", "faster")]
+    quick = {**summary(*rows), "mode": "quick", "machine": {"device_name": "Xeon", "num_threads": 2, "torch": "2.14.1"}}
+    full = {
+        **summary(*rows),
+        "mode": "full",
+        "machine": {"device_name": "NVIDIA H100", "num_threads": 2, "torch": "2.15.0"},
+    }
+    report = summary_diff.compare_summaries(quick, full)
+    assert report["settings_differ"] == [
+        "mode: quick -> full",
+        "device: Xeon -> NVIDIA H100",
+        "torch: 2.14.1 -> 2.15.0",
+    ]
+    text = summary_diff.diff_markdown(report)
+    assert text.index("Not a rerun of the same setup") < text.index("verdicts in both runs")
+    same = summary_diff.compare_summaries(quick, quick)
+    assert same["settings_differ"] == [] and "Not a rerun" not in summary_diff.diff_markdown(same)

@@ -116,7 +116,7 @@ class AccuracyTable:
             ("variant", lambda r: r.variant, True),
             ("test accuracy", lambda r: f"{r.accuracy:.1%}", True),
             ("change (points)", lambda r: "-" if r is self.reference else f"{r.change * 100:+.1f}", True),
-            ("top-1 agreement with fp32", lambda r: f"{r.error.top1_agreement:.1%}" if r.error else "-",
+            ("top-1 agreement with fp32", lambda r: f"{r.error.top1_agreement:.1%}" if r.error and r.error.top1_agreement is not None else "-",
              any(r.error for r in rows)),
             ("max logit error (largest fp32 logit)",
              lambda r: f"{r.error.max_abs_error:.3g} ({r.error.reference_scale:.3g})" if r.error else "-",

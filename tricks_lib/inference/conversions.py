@@ -54,20 +54,26 @@ def reparameterize(model: nn.Module) -> nn.Module:
 
 @dataclass(frozen=True)
 class OutputError:
-    """How far a variant's outputs (logits) moved from the reference's, on the same inputs."""
+    """How far a variant's outputs moved from the reference's, on the same inputs (any shape: logits,
+    embeddings, images, a regression's values)."""
 
     label: str
-    samples: int
-    max_abs_error: float  # the largest |candidate - reference| over all logits
+    samples: int  # the size of the first dimension (1 for a scalar output)
+    max_abs_error: float  # the largest |candidate - reference| over all values
     mean_abs_error: float
-    reference_scale: float  # the largest |reference| logit, to read the errors against
-    top1_agreement: float  # fraction of samples whose arg-max class is the same
+    reference_scale: float  # the largest |reference| value, to read the errors against
+    top1_agreement: float | None  # (N, classes) logits: share of samples with the same arg-max; else None
+
+    @property
+    def max_relative_error(self) -> float:
+        """``max_abs_error / reference_scale`` (inf where the reference is all zeros)."""
+        return self.max_abs_error / self.reference_scale if self.reference_scale else float("inf")
 
     def __repr__(self) -> str:
+        agreement = "" if self.top1_agreement is None else f", top-1 agreement {self.top1_agreement:.1%}"
         return (
-            f"OutputError({self.label!r}: max |error| {self.max_abs_error:.3g} (logits up to "
-            f"{self.reference_scale:.3g}), mean {self.mean_abs_error:.3g}, top-1 agreement "
-            f"{self.top1_agreement:.1%} of {self.samples})"
+            f"OutputError({self.label!r}: max |error| {self.max_abs_error:.3g} (values up to "
+            f"{self.reference_scale:.3g}), mean {self.mean_abs_error:.3g}{agreement} of {self.samples})"
         )
 
     def _repr_html_(self) -> str:
@@ -85,18 +91,23 @@ class OutputError:
 
 
 def output_error(reference: torch.Tensor, candidate: torch.Tensor, *, label: str = "candidate") -> OutputError:
-    """Compare a lossy variant's (N, classes) outputs with the reference outputs (computed in float32).
+    """Compare a lossy variant's outputs with the reference outputs, of any shape (computed in float32).
+
+    (N, classes) outputs also get the top-1 agreement; other shapes (embeddings, images, per-sample
+    values) get the errors only.
 
     Raises:
-        TypeError: an argument is not a tensor.
-        ValueError: the shapes differ or are not (N, classes) with N >= 1.
+        TypeError: an argument is not a tensor, or holds complex values.
+        ValueError: the shapes differ, or the outputs are empty.
     """
     for name, value in (("reference", reference), ("candidate", candidate)):
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"{name} must be a tensor of outputs, got {type(value).__name__}")
-    if reference.shape != candidate.shape or reference.dim() != 2 or reference.shape[0] == 0:
+        if value.is_complex():
+            raise TypeError(f"{name} holds complex values: compare their real and imaginary parts separately")
+    if reference.shape != candidate.shape or reference.numel() == 0:
         raise ValueError(
-            f"reference and candidate must both be (N, classes) outputs, got {tuple(reference.shape)} "
+            f"reference and candidate must be outputs of the same, non-empty shape, got {tuple(reference.shape)} "
             f"and {tuple(candidate.shape)}"
         )
     ref = reference.detach().float().cpu()
@@ -104,9 +115,9 @@ def output_error(reference: torch.Tensor, candidate: torch.Tensor, *, label: str
     diff = (cand - ref).abs()
     return OutputError(
         label=label,
-        samples=ref.shape[0],
+        samples=ref.shape[0] if ref.dim() else 1,
         max_abs_error=float(diff.max()),
         mean_abs_error=float(diff.mean()),
         reference_scale=float(ref.abs().max()),
-        top1_agreement=float((ref.argmax(1) == cand.argmax(1)).float().mean()),
+        top1_agreement=float((ref.argmax(1) == cand.argmax(1)).float().mean()) if ref.dim() == 2 else None,
     )

@@ -165,6 +165,25 @@ def expected_significance_flips(
     }
 
 
+# What makes two runs' numbers incomparable as a rerun, in the order the report names them.
+_SETTINGS = (
+    ("mode", lambda s: s.get("mode")),
+    ("device", lambda s: (s.get("machine") or {}).get("device_name")),
+    ("CPU threads", lambda s: (s.get("machine") or {}).get("num_threads")),
+    ("torch", lambda s: (s.get("machine") or {}).get("torch")),
+)
+
+
+def setting_differences(first: dict, second: dict) -> list[str]:
+    """What differs between two runs' settings (mode, device, threads, torch), as "name: first -> second"."""
+    out = []
+    for name, read in _SETTINGS:
+        a, b = read(first), read(second)
+        if a != b and (a is not None or b is not None):
+            out.append(f"{name}: {a} -> {b}")
+    return out
+
+
 def compare_summaries(first: dict, second: dict) -> dict:
     """The verdict changes between two ``summary.json`` documents, by (notebook, trick, variant)."""
     a, b = _by_key(first), _by_key(second)
@@ -180,6 +199,7 @@ def compare_summaries(first: dict, second: dict) -> dict:
     return {
         "first_machine": first.get("machine_summary"),
         "second_machine": second.get("machine_summary"),
+        "settings_differ": setting_differences(first, second),
         "rows_compared": len(shared),
         "only_in_one_run": len(set(a) ^ set(b)),
         "direction_flips": direction,
@@ -205,6 +225,14 @@ def diff_markdown(report: dict) -> str:
         f"First run: {report['first_machine']}",
         f"Second run: {report['second_machine']}",
         "",
+    ]
+    if report.get("settings_differ"):
+        lines += [
+            "**Not a rerun of the same setup**: " + "; ".join(report["settings_differ"]) + ". Changed verdicts below "
+            "may come from that difference (sizes, hardware, library), not from noise.",
+            "",
+        ]
+    lines += [
         f"{report['rows_compared']} verdicts in both runs; {len(report['direction_flips'])} changed direction, "
         f"{len(report['significance_flips'])} changed significance; {report['only_in_one_run']} in one run only.",
     ]

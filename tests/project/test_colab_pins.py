@@ -11,10 +11,10 @@ packages require in turn (from the installed packages' metadata), for protobuf.
 import importlib.metadata as md
 import json
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version

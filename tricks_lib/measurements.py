@@ -379,7 +379,7 @@ class Comparison:
         return speedup_bars(self, ax=ax)
 
     def summary_rows(self) -> tuple[SummaryRow, ...]:
-        return tuple(r.summary_row() for r in self.rows)
+        return tuple(dataclasses.replace(r.summary_row(), min_effect=self.min_effect) for r in self.rows)
 
     def to_dict(self) -> dict:
         return {

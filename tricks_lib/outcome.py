@@ -67,6 +67,8 @@ class SummaryRow:
     significant: bool | None = None
     # The comparison's typed outcome (``Outcome``'s value); None for results that are not comparisons.
     outcome: str | None = None
+    # The smallest effect the comparison ever calls significant (0.05: 5% from 1x); None outside comparisons.
+    min_effect: float | None = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -33,6 +33,7 @@ PINNED_KEYS = (
     "speedup_high",
     "significant",
     "outcome",
+    "min_effect",
 )
 
 

@@ -1,6 +1,7 @@
 """summary.html: written beside summary.json, parses, one section per notebook, a plot per comparison, escaped."""
 
 import base64
+import html
 import json
 from html.parser import HTMLParser
 
@@ -110,9 +111,11 @@ def test_the_page_is_written_beside_the_json_and_holds_every_notebook_and_a_plot
     for src in page.images["nb-97_plots"]:
         assert src.startswith("data:image/png;base64,")
         assert base64.b64decode(src.split(",", 1)[1]).startswith(b"\x89PNG\r\n\x1a\n")
-    # Self-contained: no script, no stylesheet link, every URL inline data or an anchor on the page.
+    # Self-contained: no script, no stylesheet link, every URL inline data, an anchor on the page, or the run's own
+    # executed notebook beside it (notebooks/<name>.ipynb, linked from the digest).
     assert "script" not in page.tags and "link" not in page.tags
-    assert all(u.startswith(("data:", "#")) for u in page.urls), page.urls
+    executed = {f"notebooks/{s['notebook']}.ipynb" for s in summary["notebooks"]}
+    assert all(u.startswith(("data:", "#")) or u in executed for u in page.urls), page.urls
     assert {u[1:] for u in page.urls if u.startswith("#")} == set(page.sections)
     # The machine stamp, the failure, every measured row and verdict appear as text.
     visible = " ".join(page.text)
@@ -155,3 +158,50 @@ def test_a_plot_needs_a_speedup_and_draws_what_lacks_an_interval():
     wide = {**old, "variant": "y", "speedup": 40.0, "speedup_low": 30.0, "speedup_high": 50.0, "noisy": True}
     for rows in ([base, old], [base, old, wide]):  # linear and log axes
         assert speedup_plot_png(rows).startswith(b"\x89PNG")
+
+
+def test_the_page_opens_with_what_helped_and_hurt_here_and_wide_tables_scroll_in_their_own_box(written):
+    folder, summary = written
+    text = (folder / "summary.html").read_text(encoding="utf-8")
+    rows = summary["measurements"]
+    wins = [r for r in rows if r["outcome"] == "faster"]
+    losses = [r for r in rows if r["outcome"] == "slower"]
+    digest = text[text.index("<h2>On this machine</h2>") : text.index("<h2>Notebooks</h2>")]
+    assert f"{len(wins)} significant wins and {len(losses)} significant losses" in digest
+    assert text.index("On this machine") < text.index("<h2>Notebooks</h2>")  # the digest comes first
+    for r in wins + losses:
+        assert html.escape(r["variant"]) in digest
+    assert text.count("<table>") == text.count('<div class="wide"><table>')  # no table widens the page
+    assert ".wide{overflow-x:auto" in text
+
+
+def test_a_verdict_of_several_parts_is_one_line_each_and_not_coloured_as_a_whole():
+    from tricks_lib.report.summary_html import _verdict_cell
+
+    mixed = {"verdict": "cold page cache: 1.20x slower; warm page cache: 3.00x faster", "outcome": "faster"}
+    cell = _verdict_cell(mixed)
+    assert 'faster"' not in cell and cell.count("<span>") == 2
+    assert 'class="faster"' in _verdict_cell({"verdict": "3.00x faster", "outcome": "faster"})
+
+
+def test_the_plot_shades_the_band_no_speedup_inside_can_be_significant(monkeypatch):
+    import matplotlib.axes
+
+    spans = []
+    real = matplotlib.axes.Axes.axvspan
+    monkeypatch.setattr(
+        matplotlib.axes.Axes, "axvspan", lambda self, a, b, **k: spans.append((a, b)) or real(self, a, b, **k)
+    )
+    rows = [
+        {"variant": "base", "outcome": "baseline", "speedup": 1.0},
+        {
+            "variant": "x",
+            "outcome": "not significant",
+            "speedup": 1.04,
+            "speedup_low": 1.02,
+            "speedup_high": 1.06,
+            "min_effect": 0.1,
+        },
+    ]
+    assert speedup_plot_png(rows) is not None
+    assert spans == [(1 / 1.1, 1.1)]

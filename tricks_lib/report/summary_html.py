@@ -5,7 +5,8 @@ JSON and the Markdown list the same rows, also after a subset run merged into an
 page is self-contained: inline CSS, the plots as inline PNG (base64), no scripts, nothing fetched;
 it opens offline. Every text from a run (trick names, variants, errors) is HTML-escaped.
 
-Layout: the machine stamp, a table of the notebooks (status, run time, when it finished) linking to
+Layout: the machine stamp, a digest of what helped and hurt on this machine (each significant row, linked to its
+section and executed notebook), a table of the notebooks (status, run time, when it finished) linking to
 one section per notebook; each section holds the notebook's verdict table, then its measured rows
 (effect on this machine, paired interval, significance, spread with the noisy flag, memory), then a
 speedup plot per comparison: each variant's speedup against the baseline with its paired interval,
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from tricks_lib.formatting import format_bytes, format_seconds, speedup_text
 from tricks_lib.outcome import Outcome
+from tricks_lib.stats import DEFAULT_MIN_EFFECT
 
 __all__ = [
     "SUMMARY_HTML_NAME",
@@ -51,6 +53,8 @@ th{background:#f6f8fa}td.num{text-align:right;font-variant-numeric:tabular-nums;
 figure{margin:.3rem 0;max-width:37rem}figure img{max-width:100%;height:auto;border:1px solid #eaeef2}
 td.trick{font-weight:600;background:#fbfcfd}
 figcaption{font-size:.88rem;font-weight:600;margin-bottom:.15rem}
+.wide{overflow-x:auto;max-width:100%}.wide table{margin-top:0}
+td.parts span{display:block}
 """
 
 
@@ -123,6 +127,10 @@ def speedup_plot_png(rows: Sequence[dict], *, dpi: int = 80) -> bytes | None:
         ax.plot([r["speedup"]], [y], "o", color=color, markerfacecolor="white" if r.get("noisy") else color)
         values.append(r["speedup"])
     ax.axvline(1.0, color="0.35", linewidth=1, linestyle="--")
+    # The comparison's threshold: an interval that stays inside this band around 1x is never "significant".
+    effect = next((r["min_effect"] for r in points if r.get("min_effect") is not None), DEFAULT_MIN_EFFECT)
+    ax.axvspan(1 / (1 + effect), 1 + effect, color="0.5", alpha=0.12, linewidth=0)
+    values += [1 / (1 + effect), 1 + effect]
     lo, hi = min(values), max(values)
     if hi / lo > 3:
         ax.set_xscale("log")
@@ -140,7 +148,13 @@ def speedup_plot_png(rows: Sequence[dict], *, dpi: int = 80) -> bytes | None:
     verdicts = [_short(r.get("verdict") or "-", 48) + (", noisy" if r.get("noisy") else "") for r in points]
     right.set_yticks(range(len(points)), [_plain(v) for v in verdicts], fontsize=8)
     right.tick_params(length=0)
-    ax.set_xlabel(_plain(f"speedup vs {_short(baseline, 40)} (> 1x: faster); bars: paired interval"), fontsize=9)
+    ax.set_xlabel(
+        _plain(
+            f"speedup vs {_short(baseline, 40)} (> 1x: faster); bars: paired interval; "
+            f"shaded: within {effect:.0%} of 1x, never significant"
+        ),
+        fontsize=9,
+    )
     ax.grid(axis="x", color="0.9")
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight", metadata={"Software": None})
@@ -166,7 +180,7 @@ def _table(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
     rows = "".join(
         "<tr>" + "".join(c if c.startswith("<td") else f"<td>{c}</td>" for c in cells) + "</tr>" for cells in body
     )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+    return f'<div class="wide"><table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div>'
 
 
 def _num(text: str) -> str:
@@ -174,7 +188,13 @@ def _num(text: str) -> str:
 
 
 def _verdict_cell(row: dict) -> str:
+    """The verdict, coloured by the row's outcome. A verdict of several parts ("cold page cache: ...; warm page
+    cache: ...", "accuracy: ...; speed: ...") shows each part on its own line, uncoloured: one outcome cannot
+    speak for parts that may disagree."""
     v = row.get("verdict") or "-"
+    parts = [p for p in v.split("; ") if p]
+    if len(parts) > 1:
+        return '<td class="parts">' + "".join(f"<span>{_e(p)}</span>" for p in parts) + "</td>"
     cls = {Outcome.FASTER: "faster", Outcome.SLOWER: "slower"}.get(row.get("outcome"), "")
     return f'<td class="{cls}">{_e(v)}</td>' if cls else f"<td>{_e(v)}</td>"
 
@@ -258,6 +278,35 @@ def _section(notebook: str, status: dict | None, rows: list[dict], verdicts: lis
     return "\n".join(parts)
 
 
+def _digest(rows: list[dict], executed: set[str]) -> list[str]:
+    """The page's start: every significant win and loss of this run, largest first, each linked to its section and
+    to its executed notebook."""
+    wins = sorted((r for r in rows if r.get("outcome") == Outcome.FASTER), key=lambda r: -(r.get("speedup") or 0))
+    losses = sorted((r for r in rows if r.get("outcome") == Outcome.SLOWER), key=lambda r: r.get("speedup") or 0)
+    parts = [
+        "<h2>On this machine</h2>",
+        f'<p class="note">{len(wins)} significant wins and {len(losses)} significant losses among {len(rows)} measured '
+        "rows (the rest: baselines and differences too small to call). Each links to its notebook's section and to "
+        "the executed notebook.</p>",
+    ]
+    for title, chosen in (("Helped", wins), ("Hurt", losses)):
+        if not chosen:
+            parts.append(f'<h3>{title}</h3><p class="note">None in this run.</p>')
+            continue
+        body = []
+        for r in chosen:
+            name = r["notebook"]
+            link = f'<a href="#{_e(_anchor(name))}">{_e(name)}</a>'
+            if name in executed:
+                link += f' (<a href="notebooks/{_e(name)}.ipynb">notebook</a>)'
+            body.append([_e(r["trick"]), _e(r["variant"]), _verdict_cell(r), _num(_e(speedup_text(r))), link])
+        parts += [
+            f"<h3>{title}</h3>",
+            _table(("trick", "variant", "effect", "speedup [paired interval]", "where"), body),
+        ]
+    return parts
+
+
 def render_summary_html(summary: dict) -> str:
     """The page for one ``summary.json`` document (as ``write_summary_files`` writes it)."""
     statuses = list(summary.get("notebooks", []))
@@ -287,6 +336,7 @@ def render_summary_html(summary: dict) -> str:
         "its paired confidence interval clears the comparison's threshold; the plots draw that interval. "
         "The same rows are in summary.json and summary.md.</p>",
         "<details><summary>Machine details</summary>" + _table(("field", "value"), machine_rows) + "</details>",
+        *_digest(rows, {s["notebook"] for s in statuses}),
         "<h2>Notebooks</h2>",
         _table(("notebook", "status", "run time", "finished", "measured rows"), index),
         *(

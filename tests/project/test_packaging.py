@@ -180,3 +180,13 @@ def test_the_readmes_own_code_example_runs_against_the_package_root(monkeypatch,
     namespace: dict = {}
     exec(compile(block, "README.md", "exec"), namespace)
     assert namespace["table"]["no_grad"].outcome.value in ("faster", "slower", "not significant")
+
+
+def test_the_readme_starts_with_the_quick_run_and_its_cost_from_the_ledger():
+    from tricks_lib.report.run_times import main_job_cost
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    readme = " ".join(text.split())
+    assert main_job_cost(ROOT / "notebooks", mode="quick") in readme, "rewrite the quick-run cost from main_job_cost()"
+    assert text.index("python -m tricks_lib run --quick") < text.index("python -m tricks_lib run\n")
+    assert (ROOT / "CONTRIBUTING.md").exists() and "CONTRIBUTING.md" in text

@@ -143,27 +143,31 @@ def run_time_line(folder: str | Path, notebook: str) -> str | None:
     return f"{MARKER}\n*Run time, as the main command last recorded it{on}: {'; '.join(parts)}.*"
 
 
-def main_job_cost(folder: str | Path) -> str:
-    """What the main job cost in full mode, as the ledger recorded each notebook's last full run: the sentence
-    the README quotes (a test checks that it does), so the project's figures about itself come from a run.
+def main_job_cost(folder: str | Path, *, mode: str = "full") -> str:
+    """What the main job cost in ``mode`` ("full" or "quick"), as the ledger recorded each notebook's last run in
+    it: the sentence the README quotes (a test checks that it does), so the project's figures about itself come
+    from a run.
 
     "34.6 min for the 9 notebooks (full mode, recorded 2026-12-06 on <machine>), most of it 01 (19.8 min)
     and 02 (6.3 min); the others take 32 s to 3.1 min each".
 
     Raises:
-        ValueError: the ledger holds fewer than three full-mode runs.
+        ValueError: ``mode`` is neither, or the ledger holds fewer than three runs in it.
     """
-    full = {name: e["full"] for name, e in sorted(_read(Path(folder)).items()) if isinstance(e.get("full"), dict)}
-    if len(full) < 3:
-        raise ValueError(f"{folder}: {len(full)} full-mode runs recorded; run 'python -m tricks_lib run' first")
-    seconds = {name[:2]: r["seconds"] for name, r in full.items()}
+    if mode not in ("full", "quick"):
+        raise ValueError(f"mode must be 'full' or 'quick', got {mode!r}")
+    runs = {name: e[mode] for name, e in sorted(_read(Path(folder)).items()) if isinstance(e.get(mode), dict)}
+    if len(runs) < 3:
+        flag = "" if mode == "full" else " --quick --record-times"
+        raise ValueError(f"{folder}: {len(runs)} {mode}-mode runs recorded; run 'python -m tricks_lib run{flag}' first")
+    seconds = {name[:2]: r["seconds"] for name, r in runs.items()}
     (first, a), (second, b), *others = sorted(seconds.items(), key=lambda kv: -kv[1])
-    dates = sorted({r["recorded"] for r in full.values()})
-    machines = sorted({r["machine"] for r in full.values()})
+    dates = sorted({r["recorded"] for r in runs.values()})
+    machines = sorted({r["machine"] for r in runs.values()})
     when = dates[-1] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}"
     rest = [s for _, s in others]
     return (
-        f"{_minutes(sum(seconds.values()))} for the {len(seconds)} notebooks (full mode, recorded {when} on "
+        f"{_minutes(sum(seconds.values()))} for the {len(seconds)} notebooks ({mode} mode, recorded {when} on "
         f"{' and '.join(machines)}), most of it {first} ({_minutes(a)}) and {second} ({_minutes(b)}); the others "
         f"take {_minutes(min(rest))} to {_minutes(max(rest))} each"
     )

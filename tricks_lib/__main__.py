@@ -1,4 +1,4 @@
-"""Command line: ``python -m tricks_lib run`` (the main job) and ``python -m tricks_lib describe``."""
+"""Command line: ``python -m tricks_lib run`` (the main job), ``describe``, ``diff`` and ``advise``."""
 
 from __future__ import annotations
 
@@ -68,6 +68,21 @@ def _parser() -> argparse.ArgumentParser:
     diff.add_argument("first", type=Path)
     diff.add_argument("second", type=Path)
     diff.add_argument("--json", action="store_true", help="print the report as JSON")
+    advise = sub.add_parser(
+        "advise",
+        help="try every applicable trick on your own model: checked, then measured",
+        description="Try every applicable training (or, with --inference, inference) trick on the model a module of "
+        "yours defines: each trick is checked against the baseline step (same loss, gradients and update, or "
+        "outputs, within a tolerance; a lossy trick's error is reported), then timed in one interleaved "
+        "comparison. Prints the table and the lines to add. MODULE is an importable name or a .py file defining "
+        "make_model, make_batch and loss_fn (optionally make_optimizer); with --inference, make_model and "
+        "make_input.",
+    )
+    advise.add_argument("module", help="module name or path to a .py file")
+    advise.add_argument("--inference", action="store_true", help="the forward pass (make_model, make_input)")
+    advise.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: CUDA when present)")
+    advise.add_argument("--budget", type=float, default=120.0, help="seconds the whole report may take (default 120)")
+    advise.add_argument("--tricks", nargs="+", default=None, metavar="NAME", help="only these tricks (default all)")
     return parser
 
 
@@ -77,7 +92,24 @@ def main(argv: list[str] | None = None) -> int:
         return _describe()
     if args.command == "diff":
         return _diff(args)
+    if args.command == "advise":
+        return _advise(args)
     return _run(args)
+
+
+def _advise(args: argparse.Namespace) -> int:
+    from tricks_lib.advise.from_module import advise_module
+
+    try:
+        report = advise_module(
+            args.module, inference=args.inference, device=args.device, budget_s=args.budget, tricks=args.tricks
+        )
+    except (TypeError, ValueError) as err:
+        return _error(str(err))
+    print(report)
+    print("Lines to add:\n")
+    print(report.code())
+    return 0
 
 
 def _error(message: str) -> int:

@@ -1,0 +1,292 @@
+"""``try_inference_tricks``: every applicable inference trick tried on the reader's own forward pass.
+
+The baseline is the forward pass as first written: ``model.eval()`` and ``model(x)``, autograd still
+recording. Each trick is one switch (``InferenceSwitches``); its outputs are checked against the
+baseline's (a lossless trick within ``exact_tolerance``, relative; a lossy one, 16-bit or int8, within
+``lossy_tolerance``, with the argmax agreement of (N, classes) outputs reported), then every trick that
+passed is timed in one interleaved comparison, and the recommended ones are stacked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import torch
+from torch import nn
+
+from tricks_lib.advise.checks import relative_error
+from tricks_lib.advise.inputs import as_tensors, check_budget, check_factory, check_same_weights, check_tricks, move
+from tricks_lib.advise.report import AdviceReport, TrickRow
+from tricks_lib.comparing import Budget, compare
+from tricks_lib.compiling import fresh_compile_cache
+from tricks_lib.env import describe, pick_device
+from tricks_lib.timing import time_first_call
+
+__all__ = ["INFERENCE_TRICKS", "InferenceSwitches", "try_inference_tricks"]
+
+INFERENCE_TRICKS = (
+    "no_grad",
+    "inference_mode",
+    "bf16 autocast",
+    "fp16 autocast",
+    "dynamic int8 (Linear)",
+    "channels_last",
+    "torch.compile",
+    "1 intra-op thread",
+)
+LOSSY = {"bf16 autocast", "fp16 autocast", "dynamic int8 (Linear)"}
+LINES = {
+    "no_grad": "with torch.no_grad():\n    out = model(x)",
+    "inference_mode": "with torch.inference_mode():\n    out = model(x)",
+    "bf16 autocast": "with torch.autocast(device.type, dtype=torch.bfloat16):\n    out = model(x)",
+    "fp16 autocast": "with torch.autocast(device.type, dtype=torch.float16):\n    out = model(x)",
+    "dynamic int8 (Linear)": "model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)",
+    "channels_last": "model = model.to(memory_format=torch.channels_last)\n"
+    "x = x.contiguous(memory_format=torch.channels_last)",
+    "torch.compile": "model = torch.compile(model)  # on a CPU under no_grad also: torch._inductor.config.freezing = True",
+    "1 intra-op thread": "torch.set_num_threads(1)",
+}
+
+
+@dataclass(frozen=True)
+class InferenceSwitches:
+    grad: str = "enabled"  # "enabled", "no_grad" or "inference_mode"
+    autocast: torch.dtype | None = None
+    int8: bool = False
+    channels_last: bool = False
+    compile: bool = False
+    one_thread: bool = False
+
+
+SWITCH_OF = {
+    "no_grad": InferenceSwitches(grad="no_grad"),
+    "inference_mode": InferenceSwitches(grad="inference_mode"),
+    "bf16 autocast": InferenceSwitches(autocast=torch.bfloat16),
+    "fp16 autocast": InferenceSwitches(autocast=torch.float16),
+    "dynamic int8 (Linear)": InferenceSwitches(int8=True),
+    "channels_last": InferenceSwitches(channels_last=True),
+    "torch.compile": InferenceSwitches(compile=True),
+    "1 intra-op thread": InferenceSwitches(one_thread=True),
+}
+
+
+def _combine(switches: Sequence[InferenceSwitches]) -> InferenceSwitches:
+    out = InferenceSwitches()
+    for s in switches:
+        grad = s.grad if s.grad != "enabled" and out.grad != "inference_mode" else out.grad
+        out = InferenceSwitches(
+            grad=grad,
+            autocast=s.autocast or out.autocast,
+            int8=out.int8 or s.int8,
+            channels_last=out.channels_last or s.channels_last,
+            compile=out.compile or s.compile,
+            one_thread=out.one_thread or s.one_thread,
+        )
+    return out
+
+
+@contextlib.contextmanager
+def _threads(n: int | None):
+    if n is None:
+        yield
+        return
+    saved = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
+def _build(make_model, inputs, device: torch.device, s: InferenceSwitches) -> Callable[[], torch.Tensor]:
+    """The forward pass with switches ``s``: returns ``call()`` giving the first output tensor."""
+    model = make_model().to(device).eval()
+    if s.int8:
+        with warnings.catch_warnings():  # torch.ao's eager quantization is deprecated in favour of torchao
+            warnings.simplefilter("ignore")
+            model = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
+    if s.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+        inputs = tuple(x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x for x in inputs)
+    if s.compile:
+        if device.type == "cpu" and s.grad != "enabled":
+            import torch._inductor.config as inductor_config
+
+            with inductor_config.patch(freezing=True):  # the weights become constants: folded, packed for oneDNN
+                forward = torch.compile(model)
+        else:
+            forward = torch.compile(model)
+    else:
+        forward = model
+    grad = {"enabled": contextlib.nullcontext, "no_grad": torch.no_grad, "inference_mode": torch.inference_mode}[s.grad]
+
+    def call() -> torch.Tensor:
+        with _threads(1 if s.one_thread else None), grad():
+            with torch.autocast(device.type, dtype=s.autocast or torch.bfloat16, enabled=s.autocast is not None):
+                out = forward(*inputs)
+        return as_tensors(out if isinstance(out, torch.Tensor) else tuple(out), "the model's output")[0]
+
+    return call
+
+
+def _not_applicable(name: str, model: nn.Module, inputs, device: torch.device, env) -> str | None:
+    cuda = device.type == "cuda"
+    capability = torch.cuda.get_device_capability(device) if cuda else None
+    if name == "bf16 autocast":
+        if cuda and capability < (8, 0):
+            return f"this GPU (sm{capability[0]}{capability[1]}) emulates bf16; use fp16"
+        if not cuda and not env.cpu_bf16_native:
+            return "this CPU has no native bf16 (AVX512-BF16 or AMX): it would be emulated, slower"
+    elif name == "fp16 autocast" and not cuda:
+        return "needs a CUDA GPU (CPU fp16 kernels are not fast)"
+    elif name == "dynamic int8 (Linear)":
+        if device.type != "cpu":
+            return "torch.ao's dynamic int8 runs on the CPU only"
+        if not any(isinstance(m, nn.Linear) for m in model.modules()):
+            return "no nn.Linear layer to quantize"
+    elif name == "channels_last":
+        if not any(isinstance(m, (nn.Conv2d, nn.ConvTranspose2d)) for m in model.modules()):
+            return "no 2-D convolution in the model"
+        if not any(x.dim() == 4 for x in inputs):
+            return "no 4-D (N, C, H, W) input"
+    elif name == "1 intra-op thread":
+        if cuda:
+            return "the GPU does the work; CPU threads only launch it"
+        if torch.get_num_threads() == 1:
+            return "this process already runs one intra-op thread"
+    return None
+
+
+def _output_check(found: torch.Tensor, reference: torch.Tensor, bound: float) -> tuple[bool, str]:
+    if found.shape != reference.shape:
+        return False, f"failed: output shape {tuple(found.shape)}, the baseline's {tuple(reference.shape)}"
+    error = relative_error(found.detach().float().cpu(), reference.detach().float().cpu())
+    agreement = ""
+    if reference.dim() == 2 and reference.shape[1] > 1:
+        same = (found.float().argmax(1) == reference.float().argmax(1)).float().mean().item()
+        agreement = f", same argmax for {same:.1%}"
+    word = "passed" if error <= bound else "failed"
+    return error <= bound, f"{word}: relative output error {error:.1e} (bound {bound:.0e}){agreement}"
+
+
+def try_inference_tricks(
+    make_model: Callable[[], nn.Module],
+    make_input: Callable[[], object],
+    *,
+    device: str | torch.device | None = None,
+    tricks: Sequence[str] | None = None,
+    budget_s: float = 60.0,
+    exact_tolerance: float = 1e-3,
+    lossy_tolerance: float = 0.05,
+) -> AdviceReport:
+    """Try every applicable inference trick on ``make_model``'s forward pass: check each, time those that pass.
+
+    Args:
+        make_model: returns a fresh model with the same weights on every call (put in eval mode here).
+        make_input: returns the input: a tensor or a tuple of tensors (moved to the device).
+        device, tricks, budget_s: as in ``try_training_tricks`` (tricks from ``INFERENCE_TRICKS``).
+        exact_tolerance: relative output error allowed to a lossless trick (reordered float arithmetic).
+        lossy_tolerance: the same for 16-bit and int8, whose error is the trick's price.
+
+    Raises:
+        TypeError / ValueError: as ``try_training_tricks`` (each names the argument).
+    """
+    start = time.perf_counter()
+    check_factory(make_model, "make_model", "lambda: torchvision.models.resnet18()")
+    check_factory(make_input, "make_input", "lambda: torch.randn(8, 3, 224, 224)")
+    budget_s = check_budget(budget_s)
+    for name, value in (("exact_tolerance", exact_tolerance), ("lossy_tolerance", lossy_tolerance)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ValueError(f"{name} must be a positive relative error, e.g. 1e-3, got {value!r}")
+    chosen = check_tricks(tricks, INFERENCE_TRICKS)
+    dev = pick_device(device) if device is not None else pick_device()
+    check_same_weights(make_model)
+    inputs = move(as_tensors(make_input(), "make_input()"), dev)
+    items = int(inputs[0].shape[0]) if inputs[0].dim() else 1
+    base = _build(make_model, inputs, dev, InferenceSwitches())
+    reference = base()
+    env, probe = describe(), make_model()
+    rows: dict[str, TrickRow] = {}
+    calls: dict[str, Callable[[], object]] = {"baseline": base}
+    for name in chosen:
+        reason = _not_applicable(name, probe, inputs, dev, env)
+        if reason is not None:
+            rows[name] = TrickRow(name, applies=False, reason=reason)
+            continue
+        if time.perf_counter() - start > 0.5 * budget_s:
+            rows[name] = TrickRow(
+                name, applies=True, check="not run: half the time budget went to the builds and checks"
+            )
+            continue
+        try:
+            call = _build(make_model, inputs, dev, SWITCH_OF[name])
+            box: list[torch.Tensor] = []
+            cache = fresh_compile_cache() if name == "torch.compile" else contextlib.nullcontext()
+            with cache:
+                first = time_first_call(lambda c=call, b=box: b.append(c()), device=dev)
+            passed, text = _output_check(box[0], reference, lossy_tolerance if name in LOSSY else exact_tolerance)
+        except Exception as err:  # a trick that cannot run on this model is a row, never the report's end
+            first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            rows[name] = TrickRow(name, applies=True, check=f"raised {type(err).__name__}: {first_line[:200]}")
+            continue
+        note = f"first call {first:.1f} s (compile, cold cache, in this process)" if name == "torch.compile" else ""
+        rows[name] = TrickRow(name, applies=True, check=text, check_passed=passed, lines=LINES[name], note=note)
+        if passed:
+            calls[name] = call
+    comparison, notes = None, []
+    left = budget_s - (time.perf_counter() - start)
+    if len(calls) > 1 and left > 0:
+        comparison = compare(
+            calls,
+            baseline="baseline",
+            items=items,
+            device=dev,
+            budget=Budget(
+                min_run_time=max(0.05, 0.5 * left / (3.0 * len(calls))), min_rounds=8
+            ),  # the rest: the stack's
+            label=f"forward pass, {len(calls) - 1} tricks against the baseline",
+        )
+        for name in calls:
+            if name != "baseline":
+                r = comparison[name]
+                rows[name] = replace(
+                    rows[name], outcome=r.outcome, speedup=r.speedup, speedup_low=r.ci_low, speedup_high=r.ci_high
+                )
+    elif len(calls) > 1:
+        notes.append("the builds and checks used the whole budget: nothing was timed (raise budget_s)")
+    report = AdviceReport(
+        kind="inference",
+        device=str(dev),
+        rows=tuple(rows[n] for n in chosen),
+        comparison=comparison,
+        stacked=None,
+        stacked_check="-",
+        budget_s=budget_s,
+        seconds_used=0.0,
+        notes=tuple(notes),
+    )
+    stacked, stacked_check = None, "-"
+    recommended = report.recommended
+    if recommended and time.perf_counter() - start < budget_s:
+        try:
+            switches = _combine([SWITCH_OF[r.name] for r in recommended])
+            call = _build(make_model, inputs, dev, switches)
+            bound = lossy_tolerance if any(r.name in LOSSY for r in recommended) else exact_tolerance
+            passed, stacked_check = _output_check(call(), reference, bound)
+            if passed:
+                left = max(0.05, budget_s - (time.perf_counter() - start))
+                stacked = compare(
+                    {"baseline": base, "stacked": call},
+                    baseline="baseline",
+                    items=items,
+                    device=dev,
+                    budget=Budget(min_run_time=max(0.05, left / 6), min_rounds=8),
+                    label="forward pass, the recommended tricks stacked",
+                )
+        except Exception as err:
+            stacked_check = f"raised {type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"
+    return replace(report, stacked=stacked, stacked_check=stacked_check, seconds_used=time.perf_counter() - start)

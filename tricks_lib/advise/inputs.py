@@ -1,0 +1,70 @@
+"""What ``try_training_tricks`` and ``try_inference_tricks`` take from the reader, checked before anything runs.
+
+A factory must be callable and give the same model (the same weights) on every call, since every trick
+starts from a fresh copy and is compared with the baseline's; a batch is a tensor or a tuple of tensors.
+Each check raises with the argument's name and what to do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+__all__ = ["as_tensors", "check_budget", "check_factory", "check_same_weights", "check_tricks", "move"]
+
+
+def check_factory(value: object, name: str, example: str) -> Callable:
+    if not callable(value):
+        raise TypeError(
+            f"{name} must be a function that takes no arguments, e.g. {example}; got {type(value).__name__}"
+        )
+    return value
+
+
+def check_budget(budget_s: object) -> float:
+    if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or not budget_s > 0:
+        raise ValueError(f"budget_s must be a positive number of seconds, e.g. 60, got {budget_s!r}")
+    return float(budget_s)
+
+
+def check_tricks(tricks: Sequence[str] | None, known: Sequence[str]) -> list[str]:
+    """The tricks to try, in ``known``'s order (None: all of them)."""
+    if tricks is None:
+        return list(known)
+    if isinstance(tricks, str) or not all(isinstance(t, str) for t in tricks):
+        raise TypeError(f"tricks must be a list of trick names such as {list(known[:2])}, got {tricks!r}")
+    unknown = [t for t in tricks if t not in known]
+    if unknown:
+        raise ValueError(f"unknown trick(s) {unknown}; the tricks are {list(known)}")
+    return [t for t in known if t in tricks]
+
+
+def check_same_weights(make_model: Callable[[], nn.Module]) -> None:
+    """Two calls of ``make_model`` must give modules with equal parameters and buffers."""
+    first, second = make_model(), make_model()
+    for model in (first, second):
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"make_model must return an nn.Module, got {type(model).__name__}")
+    a, b = first.state_dict(), second.state_dict()
+    differs = [k for k in a if k not in b or a[k].shape != b[k].shape or not torch.equal(a[k].cpu(), b[k].cpu())]
+    if differs or set(a) != set(b):
+        raise ValueError(
+            f"make_model returned different weights on two calls (first difference: {(differs or ['the keys'])[0]}); "
+            "each trick starts from a fresh model and is checked against the baseline's: seed inside it, e.g. "
+            "torch.manual_seed(0) before building the model"
+        )
+
+
+def as_tensors(value: object, name: str) -> tuple[torch.Tensor, ...]:
+    """A tensor or a tuple/list of tensors, as a tuple."""
+    if isinstance(value, torch.Tensor):
+        return (value,)
+    if isinstance(value, (tuple, list)) and value and all(isinstance(v, torch.Tensor) for v in value):
+        return tuple(value)
+    raise TypeError(f"{name} must be a tensor or a tuple of tensors, got {type(value).__name__}")
+
+
+def move(tensors: tuple[torch.Tensor, ...], device: torch.device) -> tuple[torch.Tensor, ...]:
+    return tuple(t.to(device) for t in tensors)

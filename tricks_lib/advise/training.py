@@ -1,0 +1,404 @@
+"""``try_training_tricks``: every applicable training trick tried on the reader's own model, checked, then timed.
+
+The baseline is the plain loop most code writes: fp32, NCHW, eager, the optimizer as the reader built it,
+``optimizer.zero_grad()``. Each trick is one switch on that loop (``TrainingSwitches``); its step is built
+from a fresh model with the same weights, checked against the baseline's step (``checks``), and every
+trick that passed is timed in one interleaved comparison against the baseline (``compare``: shuffled
+rounds, the paired interval, the outcome). The recommended tricks are then stacked and measured together.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import torch
+from torch import nn
+
+from tricks_lib.advise.checks import StepResult, check_step
+from tricks_lib.advise.inputs import (
+    as_tensors,
+    check_budget,
+    check_factory,
+    check_same_weights,
+    check_tricks,
+    move,
+)
+from tricks_lib.advise.report import AdviceReport, TrickRow
+from tricks_lib.comparing import Budget, compare
+from tricks_lib.compiling import fresh_compile_cache
+from tricks_lib.env import describe, pick_device
+from tricks_lib.measurements import Comparison
+from tricks_lib.outcome import Outcome
+from tricks_lib.timing import time_first_call
+
+__all__ = ["TRAINING_TRICKS", "TrainingSwitches", "try_training_tricks"]
+
+TRAINING_TRICKS = (
+    "channels_last",
+    "bf16 autocast",
+    "fp16 autocast + GradScaler",
+    "TF32 matmuls",
+    "foreach optimizer",
+    "fused optimizer",
+    "zero_grad(set_to_none=True)",
+    "cudnn.benchmark",
+    "torch.compile",
+)
+LOSSY = {"bf16 autocast", "fp16 autocast + GradScaler", "TF32 matmuls"}
+
+LINES = {
+    "channels_last": "model = model.to(memory_format=torch.channels_last)\n"
+    "x = x.contiguous(memory_format=torch.channels_last)",
+    "bf16 autocast": "with torch.autocast(device.type, dtype=torch.bfloat16):\n    loss = loss_fn(model(x), y)",
+    "fp16 autocast + GradScaler": "scaler = torch.amp.GradScaler(device.type)\n"
+    "with torch.autocast(device.type, dtype=torch.float16):\n    loss = loss_fn(model(x), y)\n"
+    "scaler.scale(loss).backward()\nscaler.step(optimizer)\nscaler.update()",
+    "TF32 matmuls": 'torch.backends.cuda.matmul.fp32_precision = "tf32"  # older torch: .allow_tf32 = True',
+    "foreach optimizer": "optimizer = torch.optim.SGD(model.parameters(), ..., foreach=True)  # your optimizer's class",
+    "fused optimizer": "optimizer = torch.optim.SGD(model.parameters(), ..., fused=True)  # your optimizer's class",
+    "torch.compile": "model = torch.compile(model)",
+}
+
+
+@dataclass(frozen=True)
+class TrainingSwitches:
+    """The baseline loop's switches; each trick turns one on, the stacked row all the recommended ones."""
+
+    channels_last: bool = False
+    autocast: torch.dtype | None = None
+    tf32: bool = False
+    optimizer_impl: str | None = None  # "foreach" or "fused"
+    compile: bool = False
+
+
+SWITCH_OF = {
+    "channels_last": TrainingSwitches(channels_last=True),
+    "bf16 autocast": TrainingSwitches(autocast=torch.bfloat16),
+    "fp16 autocast + GradScaler": TrainingSwitches(autocast=torch.float16),
+    "TF32 matmuls": TrainingSwitches(tf32=True),
+    "foreach optimizer": TrainingSwitches(optimizer_impl="foreach"),
+    "fused optimizer": TrainingSwitches(optimizer_impl="fused"),
+    "torch.compile": TrainingSwitches(compile=True),
+}
+
+
+def _combine(switches: Sequence[TrainingSwitches]) -> TrainingSwitches:
+    out = TrainingSwitches()
+    for s in switches:
+        out = replace(
+            out,
+            channels_last=out.channels_last or s.channels_last,
+            autocast=s.autocast or out.autocast,
+            tf32=out.tf32 or s.tf32,
+            optimizer_impl=s.optimizer_impl or out.optimizer_impl,
+            compile=out.compile or s.compile,
+        )
+    return out
+
+
+def _rebuild_optimizer(optimizer: torch.optim.Optimizer, impl: str) -> torch.optim.Optimizer:
+    """The same optimizer class and settings, with ``impl`` ("foreach" or "fused") switched on."""
+    if impl not in optimizer.defaults:
+        raise ValueError(f"{type(optimizer).__name__} has no {impl}= option")
+    groups = [{**g, "foreach": impl == "foreach", "fused": impl == "fused"} for g in optimizer.param_groups]
+    return type(optimizer)(groups)
+
+
+@contextlib.contextmanager
+def _tf32(on: bool):
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = on
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+class _Loop:
+    """One variant of the reader's training loop: a fresh model, its optimizer, and ``step()``."""
+
+    def __init__(self, make_model, make_optimizer, loss_fn, inputs, targets, device, switches: TrainingSwitches):
+        model = make_model().to(device).train()
+        if switches.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+            inputs = tuple(x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x for x in inputs)
+        self.model, self.inputs, self.targets, self.device = model, inputs, targets, device
+        optimizer = make_optimizer(model.parameters())
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"make_optimizer must return a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        self.optimizer = (
+            _rebuild_optimizer(optimizer, switches.optimizer_impl) if switches.optimizer_impl else optimizer
+        )
+        self.forward = torch.compile(model) if switches.compile else model
+        self.switches, self.loss_fn = switches, loss_fn
+        self.scaler = torch.amp.GradScaler(device.type, enabled=switches.autocast == torch.float16)
+
+    def _loss(self) -> torch.Tensor:
+        s = self.switches
+        tf32 = _tf32(True) if s.tf32 else contextlib.nullcontext()
+        with tf32, torch.autocast(self.device.type, dtype=s.autocast or torch.bfloat16, enabled=s.autocast is not None):
+            loss = self.loss_fn(self.forward(*self.inputs), self.targets)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise ValueError(
+                f"loss_fn must return a scalar tensor, got {type(loss).__name__} {getattr(loss, 'shape', '')}"
+            )
+        return loss
+
+    def step(self) -> torch.Tensor:
+        loss = self._loss()
+        self.scaler.scale(loss).backward()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad()
+        return loss.detach()
+
+    def checked_step(self) -> StepResult:
+        """One step that also returns the loss, the unscaled gradients and the update, for the check."""
+        before = [p.detach().float().cpu().clone() for p in self.model.parameters()]
+        loss = self._loss()
+        self.scaler.scale(loss).backward()
+        self.scaler.unscale_(self.optimizer)
+        grads = tuple(p.grad.detach().float().cpu().clone() for p in self.model.parameters() if p.grad is not None)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad()
+        update = tuple(p.detach().float().cpu() - b for p, b in zip(self.model.parameters(), before))
+        return StepResult(loss=loss.detach().float().cpu(), grads=grads, update=update)
+
+
+def _not_applicable(name: str, model: nn.Module, inputs, optimizer, device: torch.device, env) -> str | None:
+    """Why ``name`` does not apply to this model on this device, or None if it does."""
+    cuda = device.type == "cuda"
+    capability = torch.cuda.get_device_capability(device) if cuda else None
+    if name == "channels_last":
+        if not any(isinstance(m, (nn.Conv2d, nn.ConvTranspose2d)) for m in model.modules()):
+            return "no 2-D convolution in the model"
+        if not any(x.dim() == 4 for x in inputs):
+            return "no 4-D (N, C, H, W) input"
+    elif name == "bf16 autocast":
+        if cuda and capability < (8, 0):
+            return f"this GPU (sm{capability[0]}{capability[1]}) emulates bf16; fp16 with GradScaler is its 16-bit type"
+        if not cuda and not env.cpu_bf16_native:
+            return "this CPU has no native bf16 (AVX512-BF16 or AMX): it would be emulated, slower"
+    elif name == "fp16 autocast + GradScaler":
+        if not cuda:
+            return "needs a CUDA GPU (CPU fp16 convolutions and matmuls have no fast kernels)"
+    elif name == "TF32 matmuls":
+        if not cuda or capability < (8, 0):
+            return "needs an Ampere or newer CUDA GPU (sm80+)"
+    elif name in ("foreach optimizer", "fused optimizer"):
+        impl = name.split()[0]
+        if impl not in optimizer.defaults:
+            return f"{type(optimizer).__name__} has no {impl}= option"
+        if optimizer.defaults.get(impl):
+            return f"the optimizer already uses {impl}=True"
+    elif name == "zero_grad(set_to_none=True)":
+        return "the default since torch 2.0: the baseline's optimizer.zero_grad() already sets gradients to None"
+    elif name == "cudnn.benchmark":
+        if not cuda:
+            return "no cuDNN on a CPU: convolutions run through oneDNN, which never reads the flag"
+        return (
+            "not measurable in this process: cuDNN keeps the plans it picked first and looks them up before it "
+            "reads the flag; notebook 02, section 3, times it in fresh processes"
+        )
+    return None
+
+
+def try_training_tricks(
+    make_model: Callable[[], nn.Module],
+    make_batch: Callable[[], object],
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    *,
+    make_optimizer: Callable | None = None,
+    device: str | torch.device | None = None,
+    tricks: Sequence[str] | None = None,
+    budget_s: float = 120.0,
+    exact_tolerance: float = 1e-3,
+    lossy_tolerance: float = 0.1,
+    memory_budget_bytes: int | None = None,
+) -> AdviceReport:
+    """Try every applicable training trick on ``make_model``'s training step: check each, time those that pass.
+
+    Args:
+        make_model: returns a fresh model with the same weights on every call (seed inside it).
+        make_batch: returns ``(inputs, targets)``; inputs a tensor or a tuple of tensors (moved to the device).
+        loss_fn: ``loss_fn(model(*inputs), targets)`` -> a scalar tensor.
+        make_optimizer: ``make_optimizer(parameters)`` -> an optimizer (default SGD, lr 0.01, momentum 0.9).
+        device: where to train (default ``pick_device()``).
+        tricks: names from ``TRAINING_TRICKS`` to consider (default all; each one that cannot apply here is a
+            row that says why).
+        budget_s: seconds the whole report may take; the timing and the stacked run share what the builds
+            and checks leave (a compile's first call counts against it). Tricks that no longer fit are rows
+            that say so.
+        exact_tolerance: relative error of loss, gradients and update allowed to a lossless trick
+            (reordered float arithmetic).
+        lossy_tolerance: the same for 16-bit autocast and TF32, whose error is the trick's price.
+        memory_budget_bytes: also recommend a trick that passed its check and whose step saves at most this
+            many bytes for backward, whatever its speed.
+
+    Returns:
+        An ``AdviceReport``: ``rows``, ``recommended``, ``stacked``, ``code()``; shown as a table in Jupyter.
+
+    Raises:
+        TypeError / ValueError: a factory that is not callable, a model whose weights differ between calls,
+            a batch that is not tensors, a loss that is not a scalar, an unknown trick, a budget that is not
+            positive (each names the argument).
+    """
+    start = time.perf_counter()
+    check_factory(make_model, "make_model", "lambda: torchvision.models.resnet18(num_classes=10)")
+    check_factory(make_batch, "make_batch", "lambda: (torch.randn(32, 3, 224, 224), torch.randint(0, 10, (32,)))")
+    check_factory(loss_fn, "loss_fn", "torch.nn.functional.cross_entropy")
+    if make_optimizer is None:
+        make_optimizer = lambda params: torch.optim.SGD(params, lr=0.01, momentum=0.9)  # noqa: E731
+    check_factory(make_optimizer, "make_optimizer", "lambda params: torch.optim.SGD(params, lr=0.1)")
+    budget_s = check_budget(budget_s)
+    for name, value in (("exact_tolerance", exact_tolerance), ("lossy_tolerance", lossy_tolerance)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ValueError(f"{name} must be a positive relative error, e.g. 1e-3, got {value!r}")
+    chosen = check_tricks(tricks, TRAINING_TRICKS)
+    dev = pick_device(device) if device is not None else pick_device()
+    check_same_weights(make_model)
+    batch = make_batch()
+    if not isinstance(batch, (tuple, list)) or len(batch) != 2:
+        raise TypeError(f"make_batch must return (inputs, targets), got {type(batch).__name__}")
+    inputs, targets = move(as_tensors(batch[0], "make_batch()[0] (the inputs)"), dev), batch[1]
+    targets = move(as_tensors(targets, "make_batch()[1] (the targets)"), dev)[0]
+    items = int(inputs[0].shape[0]) if inputs[0].dim() else 1
+
+    def loop(switches: TrainingSwitches) -> _Loop:
+        return _Loop(make_model, make_optimizer, loss_fn, inputs, targets, dev, switches)
+
+    base = loop(TrainingSwitches())
+    reference = base.checked_step()
+    env = describe()
+    rows: dict[str, TrickRow] = {}
+    steps: dict[str, Callable[[], object]] = {"baseline": base.step}
+    notes, compile_first = [], None
+    for name in chosen:
+        reason = _not_applicable(name, base.model, inputs, base.optimizer, dev, env)
+        if reason is not None:
+            rows[name] = TrickRow(name, applies=False, reason=reason)
+            continue
+        if time.perf_counter() - start > 0.5 * budget_s:
+            rows[name] = TrickRow(
+                name, applies=True, check="not run: half the time budget went to the builds and checks"
+            )
+            continue
+        try:
+            variant = loop(SWITCH_OF[name])
+            cache = fresh_compile_cache() if name == "torch.compile" else contextlib.nullcontext()
+            box: list[StepResult] = []
+            with cache:
+                first = time_first_call(lambda v=variant, b=box: b.append(v.checked_step()), device=dev)
+            result = check_step(box[0], reference, lossy_tolerance if name in LOSSY else exact_tolerance)
+        except Exception as err:  # a trick that cannot run on this model is a row, never the report's end
+            first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            rows[name] = TrickRow(name, applies=True, check=f"raised {type(err).__name__}: {first_line[:200]}")
+            continue
+        note = ""
+        if name == "torch.compile":
+            compile_first = first
+            note = f"first step {first:.1f} s (compile, cold cache, in this process)"
+        rows[name] = TrickRow(
+            name, applies=True, check=result.text(), check_passed=result.passed, lines=LINES.get(name, ""), note=note
+        )
+        if result.passed:
+            steps[name] = variant.step
+    comparison = None
+    left = budget_s - (time.perf_counter() - start)
+    if len(steps) > 1 and left > 0:
+        per_variant = max(
+            0.05, 0.5 * left / (3.0 * len(steps))
+        )  # compare takes about 3x min_run_time per variant; the rest is the stack's
+        comparison = compare(
+            steps,
+            baseline="baseline",
+            items=items,
+            device=dev,
+            memory=True,
+            budget=Budget(min_run_time=per_variant, min_rounds=8),
+            label=f"training step, {len(steps) - 1} tricks against the baseline",
+        )
+        for name in steps:
+            if name == "baseline":
+                continue
+            rows[name] = _with_timing(rows[name], comparison, name)
+        if "torch.compile" in steps:
+            rows["torch.compile"] = _with_break_even(rows["torch.compile"], comparison, compile_first)
+    elif len(steps) > 1:
+        notes.append("the builds and checks used the whole budget: nothing was timed (raise budget_s)")
+    report = AdviceReport(
+        kind="training",
+        device=str(dev),
+        rows=tuple(rows[n] for n in chosen),
+        comparison=comparison,
+        stacked=None,
+        stacked_check="-",
+        budget_s=budget_s,
+        seconds_used=0.0,
+        memory_budget_bytes=memory_budget_bytes,
+        notes=tuple(notes),
+    )
+    stacked, stacked_check = _stack(
+        report, loop, reference, exact_tolerance, lossy_tolerance, items, dev, start, budget_s
+    )
+    return replace(report, stacked=stacked, stacked_check=stacked_check, seconds_used=time.perf_counter() - start)
+
+
+def _with_timing(row: TrickRow, comparison: Comparison, name: str) -> TrickRow:
+    r = comparison[name]
+    mem = r.memory
+    return replace(
+        row,
+        outcome=r.outcome,
+        speedup=r.speedup,
+        speedup_low=r.ci_low,
+        speedup_high=r.ci_high,
+        saved_bytes=mem.saved_bytes if mem else None,
+        peak_allocated_bytes=mem.peak_extra_bytes if mem else None,
+    )
+
+
+def _with_break_even(row: TrickRow, comparison: Comparison, first_call: float | None) -> TrickRow:
+    """The compile's first step against the steady-state saving: the steps it takes to pay back."""
+    if first_call is None:
+        return row
+    eager, compiled = comparison["baseline"].measurement, comparison["torch.compile"].measurement
+    saving = eager.median - compiled.median
+    extra = first_call - compiled.median
+    if row.outcome is Outcome.FASTER and saving > 0:
+        pays = f"pays back after about {extra / saving:,.0f} steps"
+    else:
+        pays = "never pays back here (not significantly faster)"
+    return replace(row, note=f"{row.note}; {pays}")
+
+
+def _stack(report, loop, reference, exact, lossy, items, dev, start, budget_s) -> tuple[Comparison | None, str]:
+    chosen = report.recommended
+    if not chosen:
+        return None, "-"
+    if time.perf_counter() - start > budget_s:
+        return None, "not run: the time budget was spent"
+    switches = _combine([SWITCH_OF[r.name] for r in chosen if r.name in SWITCH_OF])
+    try:
+        base, stacked = loop(TrainingSwitches()), loop(switches)
+        base.checked_step()
+        result = check_step(stacked.checked_step(), reference, lossy if any(r.name in LOSSY for r in chosen) else exact)
+    except Exception as err:
+        return None, f"raised {type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"
+    if not result.passed:
+        return None, result.text()
+    left = max(0.05, budget_s - (time.perf_counter() - start))
+    comparison = compare(
+        {"baseline": base.step, "stacked": stacked.step},
+        baseline="baseline",
+        items=items,
+        device=dev,
+        memory=True,
+        budget=Budget(min_run_time=max(0.05, left / 6), min_rounds=8),
+        label="training step, the recommended tricks stacked",
+    )
+    return comparison, result.text()

@@ -10,6 +10,7 @@ passed is timed in one interleaved comparison, and the recommended ones are stac
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -19,7 +20,17 @@ import torch
 from torch import nn
 
 from tricks_lib.advise.checks import relative_error
-from tricks_lib.advise.inputs import as_tensors, check_budget, check_factory, check_same_weights, check_tricks, move
+from tricks_lib.advise.inputs import (
+    CALLS_PER_VARIANT,
+    TIMED_ROUNDS,
+    as_tensors,
+    check_budget,
+    check_factory,
+    check_same_weights,
+    check_tricks,
+    move,
+    plan_timing,
+)
 from tricks_lib.advise.report import AdviceReport, TrickRow
 from tricks_lib.comparing import Budget, compare
 from tricks_lib.compiling import fresh_compile_cache
@@ -161,16 +172,16 @@ def _not_applicable(name: str, model: nn.Module, inputs, device: torch.device, e
     return None
 
 
-def _output_check(found: torch.Tensor, reference: torch.Tensor, bound: float) -> tuple[bool, str]:
+def _output_check(found: torch.Tensor, reference: torch.Tensor, bound: float) -> tuple[bool, str, float]:
     if found.shape != reference.shape:
-        return False, f"failed: output shape {tuple(found.shape)}, the baseline's {tuple(reference.shape)}"
+        return False, f"failed: output shape {tuple(found.shape)}, the baseline's {tuple(reference.shape)}", math.inf
     error = relative_error(found.detach().float().cpu(), reference.detach().float().cpu())
     agreement = ""
     if reference.dim() == 2 and reference.shape[1] > 1:
         same = (found.float().argmax(1) == reference.float().argmax(1)).float().mean().item()
         agreement = f", same argmax for {same:.1%}"
     word = "passed" if error <= bound else "failed"
-    return error <= bound, f"{word}: relative output error {error:.1e} (bound {bound:.0e}){agreement}"
+    return error <= bound, f"{word}: relative output error {error:.1e} (bound {bound:.0e}){agreement}", error
 
 
 def try_inference_tricks(
@@ -209,6 +220,7 @@ def try_inference_tricks(
     items = int(inputs[0].shape[0]) if inputs[0].dim() else 1
     base = _build(make_model, inputs, dev, InferenceSwitches())
     reference = base()
+    call_seconds = time_first_call(base, device=dev)  # a second call: what the timing will cost per call
     env, probe = describe(), make_model()
     rows: dict[str, TrickRow] = {}
     calls: dict[str, Callable[[], object]] = {"baseline": base}
@@ -228,36 +240,47 @@ def try_inference_tricks(
             cache = fresh_compile_cache() if name == "torch.compile" else contextlib.nullcontext()
             with cache:
                 first = time_first_call(lambda c=call, b=box: b.append(c()), device=dev)
-            passed, text = _output_check(box[0], reference, lossy_tolerance if name in LOSSY else exact_tolerance)
+            passed, text, error = _output_check(
+                box[0], reference, lossy_tolerance if name in LOSSY else exact_tolerance
+            )
         except Exception as err:  # a trick that cannot run on this model is a row, never the report's end
             first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
             rows[name] = TrickRow(name, applies=True, check=f"raised {type(err).__name__}: {first_line[:200]}")
             continue
         note = f"first call {first:.1f} s (compile, cold cache, in this process)" if name == "torch.compile" else ""
-        rows[name] = TrickRow(name, applies=True, check=text, check_passed=passed, lines=LINES[name], note=note)
+        rows[name] = TrickRow(
+            name,
+            applies=True,
+            check=text,
+            check_passed=passed,
+            lines=LINES[name],
+            note=note,
+            errors=(("output", error),),
+        )
         if passed:
             calls[name] = call
-    comparison, notes = None, []
-    left = budget_s - (time.perf_counter() - start)
-    if len(calls) > 1 and left > 0:
+    comparison = None
+    timed, per_variant = plan_timing(
+        [n for n in calls if n != "baseline"], call_seconds, budget_s - (time.perf_counter() - start)
+    )
+    for name in [n for n in calls if n != "baseline" and n not in timed]:
+        rows[name] = replace(
+            rows[name], note=f"not timed: the budget ran out (one call {call_seconds:.2f} s; raise budget_s)"
+        )
+    if timed:
         comparison = compare(
-            calls,
+            {n: calls[n] for n in ("baseline", *timed)},
             baseline="baseline",
             items=items,
             device=dev,
-            budget=Budget(
-                min_run_time=max(0.05, 0.5 * left / (3.0 * len(calls))), min_rounds=8
-            ),  # the rest: the stack's
-            label=f"forward pass, {len(calls) - 1} tricks against the baseline",
+            budget=Budget(min_run_time=per_variant, min_rounds=TIMED_ROUNDS),
+            label=f"forward pass, {len(timed)} tricks against the baseline",
         )
-        for name in calls:
-            if name != "baseline":
-                r = comparison[name]
-                rows[name] = replace(
-                    rows[name], outcome=r.outcome, speedup=r.speedup, speedup_low=r.ci_low, speedup_high=r.ci_high
-                )
-    elif len(calls) > 1:
-        notes.append("the builds and checks used the whole budget: nothing was timed (raise budget_s)")
+        for name in timed:
+            r = comparison[name]
+            rows[name] = replace(
+                rows[name], outcome=r.outcome, speedup=r.speedup, speedup_low=r.ci_low, speedup_high=r.ci_high
+            )
     report = AdviceReport(
         kind="inference",
         device=str(dev),
@@ -267,16 +290,17 @@ def try_inference_tricks(
         stacked_check="-",
         budget_s=budget_s,
         seconds_used=0.0,
-        notes=tuple(notes),
     )
     stacked, stacked_check = None, "-"
     recommended = report.recommended
-    if recommended and time.perf_counter() - start < budget_s:
+    if recommended and budget_s - (time.perf_counter() - start) < 2 * CALLS_PER_VARIANT * call_seconds:
+        stacked_check = f"not run: the budget ran out (one call {call_seconds:.2f} s; raise budget_s)"
+    elif recommended:
         try:
             switches = _combine([SWITCH_OF[r.name] for r in recommended])
             call = _build(make_model, inputs, dev, switches)
             bound = lossy_tolerance if any(r.name in LOSSY for r in recommended) else exact_tolerance
-            passed, stacked_check = _output_check(call(), reference, bound)
+            passed, stacked_check, _ = _output_check(call(), reference, bound)
             if passed:
                 left = max(0.05, budget_s - (time.perf_counter() - start))
                 stacked = compare(
@@ -284,7 +308,7 @@ def try_inference_tricks(
                     baseline="baseline",
                     items=items,
                     device=dev,
-                    budget=Budget(min_run_time=max(0.05, left / 6), min_rounds=8),
+                    budget=Budget(min_run_time=max(0.05, 0.3 * left), min_rounds=TIMED_ROUNDS),
                     label="forward pass, the recommended tricks stacked",
                 )
         except Exception as err:

@@ -12,7 +12,17 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-__all__ = ["as_tensors", "check_budget", "check_factory", "check_same_weights", "check_tricks", "move"]
+__all__ = [
+    "CALLS_PER_VARIANT",
+    "TIMED_ROUNDS",
+    "as_tensors",
+    "check_budget",
+    "check_factory",
+    "check_same_weights",
+    "check_tricks",
+    "move",
+    "plan_timing",
+]
 
 
 def check_factory(value: object, name: str, example: str) -> Callable:
@@ -68,3 +78,19 @@ def as_tensors(value: object, name: str) -> tuple[torch.Tensor, ...]:
 
 def move(tensors: tuple[torch.Tensor, ...], device: torch.device) -> tuple[torch.Tensor, ...]:
     return tuple(t.to(device) for t in tensors)
+
+
+# One timed variant costs about this many calls: the rounds compare needs for a verdict, its warm-up and
+# calibration calls, and the memory measurement.
+TIMED_ROUNDS = 8
+CALLS_PER_VARIANT = TIMED_ROUNDS + 3
+
+
+def plan_timing(candidates: Sequence[str], call_seconds: float, seconds_left: float) -> tuple[list[str], float]:
+    """The tricks one interleaved comparison can time in ``seconds_left`` (besides the baseline), and the
+    ``min_run_time`` of each variant; a quarter of what is left stays for the stacked run."""
+    usable = 0.75 * seconds_left
+    cost = CALLS_PER_VARIANT * max(call_seconds, 1e-4)
+    fits = max(0, int(usable // cost) - 1)
+    chosen = list(candidates[:fits])
+    return chosen, max(0.05, 0.4 * usable / (len(chosen) + 1))

@@ -36,6 +36,7 @@ class TrickRow:
     peak_allocated_bytes: int | None = None  # CUDA: the call's own peak
     lines: str = ""  # the lines to add to the reader's loop
     note: str = ""  # e.g. a compile's first-call cost and break-even
+    errors: tuple[tuple[str, float], ...] = ()  # the check's relative errors: ("loss", ...), ("gradients", ...), ...
 
     @property
     def effect(self) -> str:

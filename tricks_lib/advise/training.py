@@ -19,12 +19,15 @@ from torch import nn
 
 from tricks_lib.advise.checks import StepResult, check_step
 from tricks_lib.advise.inputs import (
+    CALLS_PER_VARIANT,
+    TIMED_ROUNDS,
     as_tensors,
     check_budget,
     check_factory,
     check_same_weights,
     check_tricks,
     move,
+    plan_timing,
 )
 from tricks_lib.advise.report import AdviceReport, TrickRow
 from tricks_lib.comparing import Budget, compare
@@ -273,6 +276,7 @@ def try_training_tricks(
 
     base = loop(TrainingSwitches())
     reference = base.checked_step()
+    step_seconds = time_first_call(base.step, device=dev)  # a second step: what the timing will cost per call
     env = describe()
     rows: dict[str, TrickRow] = {}
     steps: dict[str, Callable[[], object]] = {"baseline": base.step}
@@ -302,34 +306,40 @@ def try_training_tricks(
         if name == "torch.compile":
             compile_first = first
             note = f"first step {first:.1f} s (compile, cold cache, in this process)"
+        errors = (("loss", result.loss_error), ("gradients", result.grad_error), ("update", result.update_error))
         rows[name] = TrickRow(
-            name, applies=True, check=result.text(), check_passed=result.passed, lines=LINES.get(name, ""), note=note
+            name,
+            applies=True,
+            check=result.text(),
+            check_passed=result.passed,
+            lines=LINES.get(name, ""),
+            note=note,
+            errors=errors,
         )
         if result.passed:
             steps[name] = variant.step
     comparison = None
-    left = budget_s - (time.perf_counter() - start)
-    if len(steps) > 1 and left > 0:
-        per_variant = max(
-            0.05, 0.5 * left / (3.0 * len(steps))
-        )  # compare takes about 3x min_run_time per variant; the rest is the stack's
+    timed, per_variant = plan_timing(
+        [n for n in steps if n != "baseline"], step_seconds, budget_s - (time.perf_counter() - start)
+    )
+    for name in [n for n in steps if n != "baseline" and n not in timed]:
+        rows[name] = replace(
+            rows[name], note=f"not timed: the budget ran out (one step {step_seconds:.2f} s; raise budget_s)"
+        )
+    if timed:
         comparison = compare(
-            steps,
+            {n: steps[n] for n in ("baseline", *timed)},
             baseline="baseline",
             items=items,
             device=dev,
             memory=True,
-            budget=Budget(min_run_time=per_variant, min_rounds=8),
-            label=f"training step, {len(steps) - 1} tricks against the baseline",
+            budget=Budget(min_run_time=per_variant, min_rounds=TIMED_ROUNDS),
+            label=f"training step, {len(timed)} tricks against the baseline",
         )
-        for name in steps:
-            if name == "baseline":
-                continue
+        for name in timed:
             rows[name] = _with_timing(rows[name], comparison, name)
-        if "torch.compile" in steps:
+        if "torch.compile" in timed:
             rows["torch.compile"] = _with_break_even(rows["torch.compile"], comparison, compile_first)
-    elif len(steps) > 1:
-        notes.append("the builds and checks used the whole budget: nothing was timed (raise budget_s)")
     report = AdviceReport(
         kind="training",
         device=str(dev),
@@ -343,7 +353,7 @@ def try_training_tricks(
         notes=tuple(notes),
     )
     stacked, stacked_check = _stack(
-        report, loop, reference, exact_tolerance, lossy_tolerance, items, dev, start, budget_s
+        report, loop, reference, exact_tolerance, lossy_tolerance, items, dev, start, budget_s, step_seconds
     )
     return replace(report, stacked=stacked, stacked_check=stacked_check, seconds_used=time.perf_counter() - start)
 
@@ -376,12 +386,15 @@ def _with_break_even(row: TrickRow, comparison: Comparison, first_call: float | 
     return replace(row, note=f"{row.note}; {pays}")
 
 
-def _stack(report, loop, reference, exact, lossy, items, dev, start, budget_s) -> tuple[Comparison | None, str]:
+def _stack(
+    report, loop, reference, exact, lossy, items, dev, start, budget_s, step_seconds
+) -> tuple[Comparison | None, str]:
     chosen = report.recommended
     if not chosen:
         return None, "-"
-    if time.perf_counter() - start > budget_s:
-        return None, "not run: the time budget was spent"
+    left = budget_s - (time.perf_counter() - start)
+    if left < 2 * CALLS_PER_VARIANT * step_seconds:
+        return None, f"not run: the budget ran out (one step {step_seconds:.2f} s; raise budget_s)"
     switches = _combine([SWITCH_OF[r.name] for r in chosen if r.name in SWITCH_OF])
     try:
         base, stacked = loop(TrainingSwitches()), loop(switches)
@@ -398,7 +411,7 @@ def _stack(report, loop, reference, exact, lossy, items, dev, start, budget_s) -
         items=items,
         device=dev,
         memory=True,
-        budget=Budget(min_run_time=max(0.05, left / 6), min_rounds=8),
+        budget=Budget(min_run_time=max(0.05, 0.3 * left), min_rounds=TIMED_ROUNDS),
         label="training step, the recommended tricks stacked",
     )
     return comparison, result.text()

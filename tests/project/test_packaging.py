@@ -190,3 +190,18 @@ def test_the_readme_starts_with_the_quick_run_and_its_cost_from_the_ledger():
     assert main_job_cost(ROOT / "notebooks", mode="quick") in readme, "rewrite the quick-run cost from main_job_cost()"
     assert text.index("python -m tricks_lib run --quick") < text.index("python -m tricks_lib run\n")
     assert (ROOT / "CONTRIBUTING.md").exists() and "CONTRIBUTING.md" in text
+
+
+def test_the_readmes_every_trick_example_runs(monkeypatch):
+    # "Every trick on your own model": the two calls as the README writes them, on a smaller batch and budget.
+    monkeypatch.setenv("TRICKS_QUICK", "1")
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("### Every trick on your own model") :]
+    block = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    block = block.replace("budget_s=60", "budget_s=8, tricks=['channels_last']").replace(
+        "budget_s=30", "budget_s=4, tricks=['no_grad']"
+    )
+    block = block.replace("torch.randn(8, 3, 64, 64)", "torch.randn(2, 3, 32, 32)").replace("(8,))", "(2,))")
+    namespace: dict = {}
+    exec(compile(block, "README.md", "exec"), namespace)
+    assert [r.name for r in namespace["report"].rows] == ["channels_last"]

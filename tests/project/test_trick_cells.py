@@ -103,6 +103,15 @@ TRICK_CALLS = {
             "backward",
         ],
     },
+    "09_your_model": {
+        "The check inside the call, by hand": [
+            "to",
+            "memory_format=",
+            "torch.channels_last",
+            "torch.autocast",
+            "backward",
+        ],
+    },
 }
 MEDIAN_NAMES, MAX_NAMES = 12, 24  # library names a notebook imports
 FULL_SECONDS, ALL_FULL_SECONDS, QUICK_SECONDS = 600, 1800, 120  # the reader's time budget, per notebook and all

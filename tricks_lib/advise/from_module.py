@@ -30,15 +30,23 @@ def load_module(spec: str) -> ModuleType:
         path = Path(spec)
         if not path.is_file():
             raise ValueError(f"{spec}: no such file")
-        loaded = importlib.util.spec_from_file_location(path.stem, path)
+        name = f"_tricks_advise_{path.stem}"  # its own name: never an earlier module of the same stem
+        loaded = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(loaded)
-        sys.modules.setdefault(path.stem, module)
-        loaded.loader.exec_module(module)
+        sys.modules[name] = module  # dataclasses and pickling look a module up by name
+        try:
+            loaded.loader.exec_module(module)
+        except Exception as err:
+            raise ValueError(f"{spec} raised {type(err).__name__} while it was imported: {err}") from None
         return module
     try:
         return importlib.import_module(spec)
     except ModuleNotFoundError as err:
-        raise ValueError(f"cannot import {spec!r} ({err}); pass a module name on the path or a .py file") from None
+        if err.name and spec.startswith(err.name):
+            raise ValueError(f"cannot import {spec!r}: pass a module name on the path or a .py file") from None
+        raise ValueError(f"{spec} needs {err.name!r}, which is not installed ({err})") from None
+    except Exception as err:
+        raise ValueError(f"{spec} raised {type(err).__name__} while it was imported: {err}") from None
 
 
 def advise_module(spec: str, *, inference: bool, device: str | None, budget_s: float, tricks=None) -> AdviceReport:

@@ -27,6 +27,7 @@ from tricks_lib.advise.inputs import (
     check_budget,
     check_factory,
     check_same_weights,
+    check_tolerances,
     check_tricks,
     move,
     plan_timing,
@@ -47,7 +48,6 @@ INFERENCE_TRICKS = (
     "dynamic int8 (Linear)",
     "channels_last",
     "torch.compile",
-    "1 intra-op thread",
 )
 LOSSY = {"bf16 autocast", "fp16 autocast", "dynamic int8 (Linear)"}
 LINES = {
@@ -59,7 +59,6 @@ LINES = {
     "channels_last": "model = model.to(memory_format=torch.channels_last)\n"
     "x = x.contiguous(memory_format=torch.channels_last)",
     "torch.compile": "model = torch.compile(model)  # on a CPU under no_grad also: torch._inductor.config.freezing = True",
-    "1 intra-op thread": "torch.set_num_threads(1)",
 }
 
 
@@ -70,7 +69,6 @@ class InferenceSwitches:
     int8: bool = False
     channels_last: bool = False
     compile: bool = False
-    one_thread: bool = False
 
 
 SWITCH_OF = {
@@ -81,7 +79,6 @@ SWITCH_OF = {
     "dynamic int8 (Linear)": InferenceSwitches(int8=True),
     "channels_last": InferenceSwitches(channels_last=True),
     "torch.compile": InferenceSwitches(compile=True),
-    "1 intra-op thread": InferenceSwitches(one_thread=True),
 }
 
 
@@ -95,22 +92,8 @@ def _combine(switches: Sequence[InferenceSwitches]) -> InferenceSwitches:
             int8=out.int8 or s.int8,
             channels_last=out.channels_last or s.channels_last,
             compile=out.compile or s.compile,
-            one_thread=out.one_thread or s.one_thread,
         )
     return out
-
-
-@contextlib.contextmanager
-def _threads(n: int | None):
-    if n is None:
-        yield
-        return
-    saved = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(saved)
 
 
 def _build(make_model, inputs, device: torch.device, s: InferenceSwitches) -> Callable[[], torch.Tensor]:
@@ -123,25 +106,35 @@ def _build(make_model, inputs, device: torch.device, s: InferenceSwitches) -> Ca
     if s.channels_last:
         model = model.to(memory_format=torch.channels_last)
         inputs = tuple(x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x for x in inputs)
-    if s.compile:
-        if device.type == "cpu" and s.grad != "enabled":
-            import torch._inductor.config as inductor_config
-
-            with inductor_config.patch(freezing=True):  # the weights become constants: folded, packed for oneDNN
-                forward = torch.compile(model)
-        else:
-            forward = torch.compile(model)
-    else:
-        forward = model
+    forward = torch.compile(model) if s.compile else model
+    # Freezing (CPU, no autograd): Inductor reads its config when it compiles, at the first call, so that call
+    # runs inside the patch; later calls reuse the frozen graph.
+    freeze = s.compile and device.type == "cpu" and s.grad != "enabled"
     grad = {"enabled": contextlib.nullcontext, "no_grad": torch.no_grad, "inference_mode": torch.inference_mode}[s.grad]
+    compiled_yet = [not freeze]
 
     def call() -> torch.Tensor:
-        with _threads(1 if s.one_thread else None), grad():
+        config = contextlib.nullcontext()
+        if not compiled_yet[0]:
+            import torch._inductor.config as inductor_config
+
+            config, compiled_yet[0] = inductor_config.patch(freezing=True), True
+        with config, grad():
             with torch.autocast(device.type, dtype=s.autocast or torch.bfloat16, enabled=s.autocast is not None):
                 out = forward(*inputs)
-        return as_tensors(out if isinstance(out, torch.Tensor) else tuple(out), "the model's output")[0]
+        return _flat_output(out)
 
     return call
+
+
+def _flat_output(out: object) -> torch.Tensor:
+    """Every tensor of a model's output (a tensor, tuple, list, dict, dataclass-like output), as one flat fp32 vector."""
+    leaves = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+    if not leaves:
+        raise TypeError(f"the model's output holds no tensor (got {type(out).__name__})")
+    if len(leaves) == 1:
+        return leaves[0]
+    return torch.cat([t.detach().float().flatten() for t in leaves])
 
 
 def _not_applicable(name: str, model: nn.Module, inputs, device: torch.device, env) -> str | None:
@@ -150,8 +143,10 @@ def _not_applicable(name: str, model: nn.Module, inputs, device: torch.device, e
     if name == "bf16 autocast":
         if cuda and capability < (8, 0):
             return f"this GPU (sm{capability[0]}{capability[1]}) emulates bf16; use fp16"
-        if not cuda and not env.cpu_bf16_native:
+        if device.type == "cpu" and not env.cpu_bf16_native:
             return "this CPU has no native bf16 (AVX512-BF16 or AMX): it would be emulated, slower"
+        if device.type not in ("cpu", "cuda"):
+            return f"bf16 autocast on {device.type} is not tried here"
     elif name == "fp16 autocast" and not cuda:
         return "needs a CUDA GPU (CPU fp16 kernels are not fast)"
     elif name == "dynamic int8 (Linear)":
@@ -164,11 +159,6 @@ def _not_applicable(name: str, model: nn.Module, inputs, device: torch.device, e
             return "no 2-D convolution in the model"
         if not any(x.dim() == 4 for x in inputs):
             return "no 4-D (N, C, H, W) input"
-    elif name == "1 intra-op thread":
-        if cuda:
-            return "the GPU does the work; CPU threads only launch it"
-        if torch.get_num_threads() == 1:
-            return "this process already runs one intra-op thread"
     return None
 
 
@@ -210,9 +200,7 @@ def try_inference_tricks(
     check_factory(make_model, "make_model", "lambda: torchvision.models.resnet18()")
     check_factory(make_input, "make_input", "lambda: torch.randn(8, 3, 224, 224)")
     budget_s = check_budget(budget_s)
-    for name, value in (("exact_tolerance", exact_tolerance), ("lossy_tolerance", lossy_tolerance)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise ValueError(f"{name} must be a positive relative error, e.g. 1e-3, got {value!r}")
+    check_tolerances(exact_tolerance, lossy_tolerance)
     chosen = check_tricks(tricks, INFERENCE_TRICKS)
     dev = pick_device(device) if device is not None else pick_device()
     check_same_weights(make_model)

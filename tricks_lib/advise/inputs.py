@@ -7,6 +7,7 @@ Each check raises with the argument's name and what to do.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import torch
@@ -19,24 +20,33 @@ __all__ = [
     "check_budget",
     "check_factory",
     "check_same_weights",
+    "check_tolerances",
     "check_tricks",
     "move",
     "plan_timing",
 ]
 
 
-def check_factory(value: object, name: str, example: str) -> Callable:
+def check_factory(value: object, name: str, example: str, *, takes: str = "no arguments") -> Callable:
     if not callable(value):
-        raise TypeError(
-            f"{name} must be a function that takes no arguments, e.g. {example}; got {type(value).__name__}"
-        )
+        raise TypeError(f"{name} must be a function that takes {takes}, e.g. {example}; got {type(value).__name__}")
     return value
 
 
 def check_budget(budget_s: object) -> float:
-    if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or not budget_s > 0:
-        raise ValueError(f"budget_s must be a positive number of seconds, e.g. 60, got {budget_s!r}")
+    if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)):
+        raise TypeError(f"budget_s must be a number of seconds, e.g. 60, got {type(budget_s).__name__}")
+    if not math.isfinite(budget_s) or not budget_s > 0:
+        raise ValueError(f"budget_s must be a positive, finite number of seconds, e.g. 60, got {budget_s!r}")
     return float(budget_s)
+
+
+def check_tolerances(exact: object, lossy: object) -> None:
+    for name, value in (("exact_tolerance", exact), ("lossy_tolerance", lossy)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"{name} must be a number (a relative error such as 1e-3), got {type(value).__name__}")
+        if not value > 0 or not math.isfinite(value):
+            raise ValueError(f"{name} must be a positive relative error, e.g. 1e-3, got {value!r}")
 
 
 def check_tricks(tricks: Sequence[str] | None, known: Sequence[str]) -> list[str]:

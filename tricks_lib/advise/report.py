@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from tricks_lib.formatting import format_bytes, markdown_table
 from tricks_lib.measurements import Comparison
@@ -67,19 +68,36 @@ class AdviceReport:
     seconds_used: float
     memory_budget_bytes: int | None = None
     notes: tuple[str, ...] = field(default=())
+    baseline_saved_bytes: int | None = None  # the baseline step's saved-for-backward bytes (training, when timed)
+
+    # Tricks that replace each other (one autocast type, one optimizer kernel): at most one of each is recommended.
+    CLASHES: ClassVar[tuple[frozenset[str], ...]] = (
+        frozenset({"bf16 autocast", "fp16 autocast + GradScaler", "fp16 autocast"}),
+        frozenset({"foreach optimizer", "fused optimizer"}),
+        frozenset({"no_grad", "inference_mode"}),
+    )
 
     @property
     def recommended(self) -> tuple[TrickRow, ...]:
-        """Tricks that passed their check and were significantly faster, or fit the memory budget when one is set."""
+        """Tricks that passed their check and were significantly faster, or (with a memory budget) save memory
+        against the baseline and fit the budget; of tricks that replace each other, the fastest only."""
 
         def fits(row: TrickRow) -> bool:
             return (
                 self.memory_budget_bytes is not None
                 and row.saved_bytes is not None
-                and (row.saved_bytes <= self.memory_budget_bytes)
+                and self.baseline_saved_bytes is not None
+                and row.saved_bytes < self.baseline_saved_bytes
+                and row.saved_bytes <= self.memory_budget_bytes
             )
 
-        return tuple(r for r in self.rows if r.check_passed and (r.outcome is Outcome.FASTER or fits(r)))
+        chosen = [r for r in self.rows if r.check_passed and (r.outcome is Outcome.FASTER or fits(r))]
+        for group in self.CLASHES:
+            rivals = [r for r in chosen if r.name in group]
+            if len(rivals) > 1:
+                best = max(rivals, key=lambda r: r.speedup or 0.0)
+                chosen = [r for r in chosen if r.name not in group or r is best]
+        return tuple(chosen)
 
     def code(self) -> str:
         """The lines to add for the recommended tricks, each under a comment with its measured effect."""

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
+from tricks_lib._validate import check_positive
 from tricks_lib.advise.checks import StepResult, check_step
 from tricks_lib.advise.inputs import (
     CALLS_PER_VARIANT,
@@ -25,6 +26,7 @@ from tricks_lib.advise.inputs import (
     check_budget,
     check_factory,
     check_same_weights,
+    check_tolerances,
     check_tricks,
     move,
     plan_timing,
@@ -106,18 +108,35 @@ def _rebuild_optimizer(optimizer: torch.optim.Optimizer, impl: str) -> torch.opt
     """The same optimizer class and settings, with ``impl`` ("foreach" or "fused") switched on."""
     if impl not in optimizer.defaults:
         raise ValueError(f"{type(optimizer).__name__} has no {impl}= option")
-    groups = [{**g, "foreach": impl == "foreach", "fused": impl == "fused"} for g in optimizer.param_groups]
-    return type(optimizer)(groups)
+    flags = {"foreach": impl == "foreach", "fused": impl == "fused"}
+    groups = [{**g, **flags} for g in optimizer.param_groups]
+    return type(optimizer)(groups, **flags)  # also as keywords: the constructor checks them (fused's device rules)
 
 
 @contextlib.contextmanager
 def _tf32(on: bool):
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = on
+    """CUDA matmuls and cuDNN convolutions in TF32 (``on``) or in full fp32, for the block; restored after.
+
+    torch >= 2.9 has ``fp32_precision`` (and refuses a read of the legacy ``allow_tf32`` once it was set);
+    older torch only ``allow_tf32``.
+    """
+    new_api = hasattr(torch.backends.cuda.matmul, "fp32_precision")
+    if new_api:
+        knobs = (torch.backends.cuda.matmul, torch.backends.cudnn.conv)
+        saved = [k.fp32_precision for k in knobs]
+        for k in knobs:
+            k.fp32_precision = "tf32" if on else "ieee"
+    else:
+        saved = [torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32]
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = on
     try:
         yield
     finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+        if new_api:
+            for k, value in zip(knobs, saved):
+                k.fp32_precision = value
+        else:
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 class _Loop:
@@ -139,10 +158,18 @@ class _Loop:
         self.switches, self.loss_fn = switches, loss_fn
         self.scaler = torch.amp.GradScaler(device.type, enabled=switches.autocast == torch.float16)
 
+    def _precision(self, checking: bool):
+        """TF32 for the TF32 trick; on CUDA, full fp32 for the other checked steps (cuDNN defaults to TF32
+        convolutions, whose rounding would swamp the lossless tricks' bound)."""
+        if self.switches.tf32:
+            return _tf32(True)
+        if checking and self.device.type == "cuda":
+            return _tf32(False)
+        return contextlib.nullcontext()
+
     def _loss(self) -> torch.Tensor:
         s = self.switches
-        tf32 = _tf32(True) if s.tf32 else contextlib.nullcontext()
-        with tf32, torch.autocast(self.device.type, dtype=s.autocast or torch.bfloat16, enabled=s.autocast is not None):
+        with torch.autocast(self.device.type, dtype=s.autocast or torch.bfloat16, enabled=s.autocast is not None):
             loss = self.loss_fn(self.forward(*self.inputs), self.targets)
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise ValueError(
@@ -151,23 +178,38 @@ class _Loop:
         return loss
 
     def step(self) -> torch.Tensor:
-        loss = self._loss()
-        self.scaler.scale(loss).backward()
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.optimizer.zero_grad()
+        with self._precision(checking=False):
+            loss = self._loss()
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            self.optimizer.zero_grad()
         return loss.detach()
 
     def checked_step(self) -> StepResult:
-        """One step that also returns the loss, the unscaled gradients and the update, for the check."""
-        before = [p.detach().float().cpu().clone() for p in self.model.parameters()]
-        loss = self._loss()
-        self.scaler.scale(loss).backward()
-        self.scaler.unscale_(self.optimizer)
-        grads = tuple(p.grad.detach().float().cpu().clone() for p in self.model.parameters() if p.grad is not None)
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.optimizer.zero_grad()
+        """One step that also returns the loss, the unscaled gradients and the update, for the check.
+
+        The random numbers are the same for every variant (dropout masks): drawn after one fixed seed, in a
+        forked RNG state. An fp16 step whose scaled gradients overflowed is skipped by GradScaler, which
+        then lowers its scale: that step is retried (up to 8 times) so the check compares a step that ran.
+        """
+        for _ in range(8):
+            before = [p.detach().float().cpu().clone() for p in self.model.parameters()]
+            with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+                torch.manual_seed(0)
+                with self._precision(checking=True):
+                    loss = self._loss()
+                    self.scaler.scale(loss).backward()
+                    self.scaler.unscale_(self.optimizer)
+                    grads = tuple(
+                        p.grad.detach().float().cpu().clone() for p in self.model.parameters() if p.grad is not None
+                    )
+                    scale = self.scaler.get_scale() if self.scaler.is_enabled() else None
+                    self.scaler.step(self.optimizer)
+                    self.scaler.update()
+                    self.optimizer.zero_grad()
+            if scale is None or self.scaler.get_scale() >= scale:  # not skipped (a skipped step lowers the scale)
+                break
         update = tuple(p.detach().float().cpu() - b for p, b in zip(self.model.parameters(), before))
         return StepResult(loss=loss.detach().float().cpu(), grads=grads, update=update)
 
@@ -184,8 +226,10 @@ def _not_applicable(name: str, model: nn.Module, inputs, optimizer, device: torc
     elif name == "bf16 autocast":
         if cuda and capability < (8, 0):
             return f"this GPU (sm{capability[0]}{capability[1]}) emulates bf16; fp16 with GradScaler is its 16-bit type"
-        if not cuda and not env.cpu_bf16_native:
+        if device.type == "cpu" and not env.cpu_bf16_native:
             return "this CPU has no native bf16 (AVX512-BF16 or AMX): it would be emulated, slower"
+        if device.type not in ("cpu", "cuda"):
+            return f"bf16 autocast on {device.type} is not tried here"
     elif name == "fp16 autocast + GradScaler":
         if not cuda:
             return "needs a CUDA GPU (CPU fp16 convolutions and matmuls have no fast kernels)"
@@ -198,6 +242,13 @@ def _not_applicable(name: str, model: nn.Module, inputs, optimizer, device: torc
             return f"{type(optimizer).__name__} has no {impl}= option"
         if optimizer.defaults.get(impl):
             return f"the optimizer already uses {impl}=True"
+        if (
+            impl == "foreach"
+            and cuda
+            and optimizer.defaults.get("foreach") is None
+            and not optimizer.defaults.get("fused")
+        ):
+            return "the default on CUDA already: foreach=None uses the foreach kernels for CUDA tensors"
     elif name == "zero_grad(set_to_none=True)":
         return "the default since torch 2.0: the baseline's optimizer.zero_grad() already sets gradients to None"
     elif name == "cudnn.benchmark":
@@ -253,22 +304,25 @@ def try_training_tricks(
     start = time.perf_counter()
     check_factory(make_model, "make_model", "lambda: torchvision.models.resnet18(num_classes=10)")
     check_factory(make_batch, "make_batch", "lambda: (torch.randn(32, 3, 224, 224), torch.randint(0, 10, (32,)))")
-    check_factory(loss_fn, "loss_fn", "torch.nn.functional.cross_entropy")
+    check_factory(loss_fn, "loss_fn", "torch.nn.functional.cross_entropy", takes="(outputs, targets)")
     if make_optimizer is None:
         make_optimizer = lambda params: torch.optim.SGD(params, lr=0.01, momentum=0.9)  # noqa: E731
-    check_factory(make_optimizer, "make_optimizer", "lambda params: torch.optim.SGD(params, lr=0.1)")
+    check_factory(
+        make_optimizer, "make_optimizer", "lambda params: torch.optim.SGD(params, lr=0.1)", takes="(parameters)"
+    )
     budget_s = check_budget(budget_s)
-    for name, value in (("exact_tolerance", exact_tolerance), ("lossy_tolerance", lossy_tolerance)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise ValueError(f"{name} must be a positive relative error, e.g. 1e-3, got {value!r}")
+    check_tolerances(exact_tolerance, lossy_tolerance)
+    if memory_budget_bytes is not None:
+        check_positive(memory_budget_bytes, "memory_budget_bytes", integer=True)
     chosen = check_tricks(tricks, TRAINING_TRICKS)
     dev = pick_device(device) if device is not None else pick_device()
     check_same_weights(make_model)
     batch = make_batch()
     if not isinstance(batch, (tuple, list)) or len(batch) != 2:
         raise TypeError(f"make_batch must return (inputs, targets), got {type(batch).__name__}")
-    inputs, targets = move(as_tensors(batch[0], "make_batch()[0] (the inputs)"), dev), batch[1]
-    targets = move(as_tensors(targets, "make_batch()[1] (the targets)"), dev)[0]
+    inputs = move(as_tensors(batch[0], "make_batch()[0] (the inputs)"), dev)
+    targets = move(as_tensors(batch[1], "make_batch()[1] (the targets)"), dev)
+    targets = targets[0] if isinstance(batch[1], torch.Tensor) else type(batch[1])(targets)  # as loss_fn expects them
     items = int(inputs[0].shape[0]) if inputs[0].dim() else 1
 
     def loop(switches: TrainingSwitches) -> _Loop:
@@ -350,6 +404,7 @@ def try_training_tricks(
         budget_s=budget_s,
         seconds_used=0.0,
         memory_budget_bytes=memory_budget_bytes,
+        baseline_saved_bytes=comparison["baseline"].memory.saved_bytes if comparison is not None else None,
         notes=tuple(notes),
     )
     stacked, stacked_check = _stack(
@@ -398,7 +453,6 @@ def _stack(
     switches = _combine([SWITCH_OF[r.name] for r in chosen if r.name in SWITCH_OF])
     try:
         base, stacked = loop(TrainingSwitches()), loop(switches)
-        base.checked_step()
         result = check_step(stacked.checked_step(), reference, lossy if any(r.name in LOSSY for r in chosen) else exact)
     except Exception as err:
         return None, f"raised {type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"

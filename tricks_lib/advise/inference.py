@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import shutil
+import tempfile
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -19,6 +21,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
+from tricks_lib._validate import check_flag
 from tricks_lib.advise.checks import relative_error
 from tricks_lib.advise.inputs import (
     CALLS_PER_VARIANT,
@@ -34,8 +37,9 @@ from tricks_lib.advise.inputs import (
 )
 from tricks_lib.advise.report import AdviceReport, TrickRow
 from tricks_lib.comparing import Budget, compare
-from tricks_lib.compiling import fresh_compile_cache
+from tricks_lib.compiling import CompileCost, compile_cost, fresh_compile_cache
 from tricks_lib.env import describe, pick_device
+from tricks_lib.inference.compiled import export_for_fresh_processes
 from tricks_lib.timing import time_first_call
 
 __all__ = ["INFERENCE_TRICKS", "InferenceSwitches", "try_inference_tricks"]
@@ -127,6 +131,38 @@ def _build(make_model, inputs, device: torch.device, s: InferenceSwitches) -> Ca
     return call
 
 
+def _compiled_call(make_model, inputs, device: torch.device, progress: bool):
+    """``torch.compile`` of the model, its first call timed in fresh processes (cold and warm caches) where
+    ``torch.export`` can export it: (the compiled call here, the ``CompileCost`` or None, the row's note)."""
+    folder = tempfile.mkdtemp(prefix="tricks-advise-")
+    try:
+        setup = export_for_fresh_processes(make_model().to(device).eval(), tuple(inputs), folder)
+    except Exception as err:  # data-dependent control flow and the like: measured in this process instead
+        shutil.rmtree(folder, ignore_errors=True)
+        call = _build(make_model, inputs, device, InferenceSwitches(compile=True))
+        with fresh_compile_cache():
+            first = time_first_call(call, device=device)
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:120]
+        return (
+            call,
+            None,
+            f"first call {first:.1f} s in this process, cold cache (torch.export could not export it: {reason})",
+        )
+    try:
+        cost = compile_cost(
+            setup + "compiled = torch.compile(model)\n", "compiled(*inputs)", device=device, progress=progress
+        )
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    # The timed variant is your own module compiled here (the exported module is for the fresh processes only: it
+    # checks its inputs on every call, which would be timed too).
+    call = _build(make_model, inputs, device, InferenceSwitches(compile=True))
+    with fresh_compile_cache():
+        call()
+    note = f"first call in a fresh process {cost.cold_seconds:.1f} s (empty caches), {cost.warm_seconds:.1f} s (warm cache)"
+    return call, cost, note
+
+
 def _flat_output(out: object) -> torch.Tensor:
     """Every tensor of a model's output (a tensor, tuple, list, dict, dataclass-like output), as one flat fp32 vector."""
     leaves = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
@@ -183,6 +219,7 @@ def try_inference_tricks(
     budget_s: float = 60.0,
     exact_tolerance: float = 1e-3,
     lossy_tolerance: float = 0.05,
+    progress: bool = True,
 ) -> AdviceReport:
     """Try every applicable inference trick on ``make_model``'s forward pass: check each, time those that pass.
 
@@ -192,6 +229,11 @@ def try_inference_tricks(
         device, tricks, budget_s: as in ``try_training_tricks`` (tricks from ``INFERENCE_TRICKS``).
         exact_tolerance: relative output error allowed to a lossless trick (reordered float arithmetic).
         lossy_tolerance: the same for 16-bit and int8, whose error is the trick's price.
+        progress: progress bars over the long steps (compiles, timing); the main command switches them off.
+
+    ``torch.compile``'s first call is timed as a reader pays it: in fresh processes, with empty caches and with a
+    warm on-disk cache (``compile_cost``, on the model exported with ``torch.export``), and the row says after how
+    many calls it pays back. A model ``torch.export`` cannot export is timed in this process, and the row says so.
 
     Raises:
         TypeError / ValueError: as ``try_training_tricks`` (each names the argument).
@@ -201,6 +243,7 @@ def try_inference_tricks(
     check_factory(make_input, "make_input", "lambda: torch.randn(8, 3, 224, 224)")
     budget_s = check_budget(budget_s)
     check_tolerances(exact_tolerance, lossy_tolerance)
+    check_flag(progress, "progress")
     chosen = check_tricks(tricks, INFERENCE_TRICKS)
     dev = pick_device(device) if device is not None else pick_device()
     check_same_weights(make_model)
@@ -212,6 +255,7 @@ def try_inference_tricks(
     env, probe = describe(), make_model()
     rows: dict[str, TrickRow] = {}
     calls: dict[str, Callable[[], object]] = {"baseline": base}
+    compile_cost_found = None  # the fresh-process compile cost, when torch.compile ran
     for name in chosen:
         reason = _not_applicable(name, probe, inputs, dev, env)
         if reason is not None:
@@ -223,11 +267,13 @@ def try_inference_tricks(
             )
             continue
         try:
-            call = _build(make_model, inputs, dev, SWITCH_OF[name])
-            box: list[torch.Tensor] = []
-            cache = fresh_compile_cache() if name == "torch.compile" else contextlib.nullcontext()
-            with cache:
-                first = time_first_call(lambda c=call, b=box: b.append(c()), device=dev)
+            note = ""
+            if name == "torch.compile":
+                call, compile_cost_found, note = _compiled_call(make_model, inputs, dev, progress)
+                box = [call()]
+            else:
+                call = _build(make_model, inputs, dev, SWITCH_OF[name])
+                box = [call()]
             passed, text, error = _output_check(
                 box[0], reference, lossy_tolerance if name in LOSSY else exact_tolerance
             )
@@ -235,7 +281,6 @@ def try_inference_tricks(
             first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
             rows[name] = TrickRow(name, applies=True, check=f"raised {type(err).__name__}: {first_line[:200]}")
             continue
-        note = f"first call {first:.1f} s (compile, cold cache, in this process)" if name == "torch.compile" else ""
         rows[name] = TrickRow(
             name,
             applies=True,
@@ -263,11 +308,17 @@ def try_inference_tricks(
             device=dev,
             budget=Budget(min_run_time=per_variant, min_rounds=TIMED_ROUNDS),
             label=f"forward pass, {len(timed)} tricks against the baseline",
+            progress=progress,
         )
         for name in timed:
             r = comparison[name]
             rows[name] = replace(
                 rows[name], outcome=r.outcome, speedup=r.speedup, speedup_low=r.ci_low, speedup_high=r.ci_high
+            )
+        if "torch.compile" in timed and isinstance(compile_cost_found, CompileCost):
+            paid = compile_cost_found.break_even(comparison, "torch.compile", "baseline")
+            rows["torch.compile"] = replace(
+                rows["torch.compile"], note=f"{rows['torch.compile'].note}; {paid.text('calls')}"
             )
     report = AdviceReport(
         kind="inference",
@@ -298,6 +349,7 @@ def try_inference_tricks(
                     device=dev,
                     budget=Budget(min_run_time=max(0.05, 0.3 * left), min_rounds=TIMED_ROUNDS),
                     label="forward pass, the recommended tricks stacked",
+                    progress=progress,
                 )
         except Exception as err:
             stacked_check = f"raised {type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"

@@ -69,6 +69,7 @@ class AdviceReport:
     memory_budget_bytes: int | None = None
     notes: tuple[str, ...] = field(default=())
     baseline_saved_bytes: int | None = None  # the baseline step's saved-for-backward bytes (training, when timed)
+    batch_sizes: Comparison | str | None = None  # training with batch_sizes=: throughput per batch size, or why not
 
     # Tricks that replace each other (one autocast type, one optimizer kernel): at most one of each is recommended.
     CLASHES: ClassVar[tuple[frozenset[str], ...]] = (
@@ -134,13 +135,32 @@ class AdviceReport:
         row = self.stacked["stacked"]
         return f"Stacked ({', '.join(r.name for r in self.recommended)}): {row.verdict}; check {self.stacked_check}."
 
+    def _batch_line(self) -> str:
+        if self.batch_sizes is None:
+            return ""
+        if isinstance(self.batch_sizes, str):
+            return f"Batch sizes: {self.batch_sizes}."
+        parts = [
+            f"{r.name}: {r.measurement.items_per_second:,.0f} samples/s ({r.verdict})" for r in self.batch_sizes.rows
+        ]
+        return "Batch sizes, baseline step by throughput: " + "; ".join(parts) + "."
+
     def _repr_markdown_(self) -> str:
         head = (
             f"**{self.kind.capitalize()} tricks on {self.device}** ({self.seconds_used:.0f} s of a "
             f"{self.budget_s:.0f} s budget)\n\n"
         )
         notes = "".join(f"\n- {n}" for n in self.notes)
-        return head + markdown_table(self._HEADER, self._table_rows()) + "\n\n" + self._stacked_line() + notes + "\n"
+        batch = f"\n\n{self._batch_line()}" if self.batch_sizes is not None else ""
+        return (
+            head
+            + markdown_table(self._HEADER, self._table_rows())
+            + "\n\n"
+            + self._stacked_line()
+            + batch
+            + notes
+            + "\n"
+        )
 
     def _repr_html_(self) -> str:
         rows = "".join(
@@ -152,7 +172,9 @@ class AdviceReport:
             f"<p><b>{html.escape(self.kind.capitalize())} tricks on {html.escape(self.device)}</b> "
             f"({self.seconds_used:.0f} s of a {self.budget_s:.0f} s budget)</p>"
             f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
-            f"<p>{html.escape(self._stacked_line())}</p>" + (f"<ul>{notes}</ul>" if notes else "")
+            f"<p>{html.escape(self._stacked_line())}</p>"
+            + (f"<p>{html.escape(self._batch_line())}</p>" if self.batch_sizes is not None else "")
+            + (f"<ul>{notes}</ul>" if notes else "")
         )
 
     def __str__(self) -> str:

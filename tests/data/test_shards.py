@@ -137,9 +137,11 @@ def test_interrupted_write_leaves_no_partial_shard(tmp_path, exc, failing_bytes)
     samples[6]["bin"] = failing_bytes(b"boom", exc)
     with pytest.raises(exc):
         write_tar_shards(samples, tmp_path, samples_per_shard=4)
-    # the complete shard and its index file only, no temporary file
-    assert sorted(os.listdir(tmp_path)) == [".shard-000000.tar.idx", "shard-000000.tar"]
+    # the complete shard and its index file, no temporary file; and the mark of an unfinished write
+    assert sorted(os.listdir(tmp_path)) == [".shard-000000.tar.idx", ".shard-shards.writing", "shard-000000.tar"]
     assert len(index_tar_shard(tmp_path / "shard-000000.tar")) == 4
+    with pytest.raises(ValueError, match="not one complete set"):
+        TarShardDataset(tmp_path)  # 4 of the 10 samples: readers refuse it until a write completes
 
 
 def test_python_tarfile_silently_drops_members_after_a_bad_header(tmp_path):

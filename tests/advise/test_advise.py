@@ -230,7 +230,7 @@ def test_tricks_that_replace_each_other_are_never_recommended_together():
 
 
 def test_the_timing_plan_fits_the_budget_and_keeps_a_share_for_the_stack():
-    from tricks_lib.advise.inputs import CALLS_PER_VARIANT, plan_timing
+    from tricks_lib.advise.timing import CALLS_PER_VARIANT, plan_timing
 
     chosen, per_variant = plan_timing(["a", "b", "c"], call_seconds=1.0, seconds_left=40.0)
     assert chosen == ["a"]  # 0.75 * 40 s buys 2 variants of 11 one-second calls: the baseline and one trick

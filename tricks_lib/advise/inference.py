@@ -24,19 +24,18 @@ from torch import nn
 from tricks_lib._validate import check_flag
 from tricks_lib.advise.checks import relative_error
 from tricks_lib.advise.inputs import (
-    CALLS_PER_VARIANT,
-    TIMED_ROUNDS,
     as_tensors,
+    bf16_reason,
+    channels_last_reason,
     check_budget,
     check_factory,
     check_same_weights,
     check_tolerances,
     check_tricks,
     move,
-    plan_timing,
 )
 from tricks_lib.advise.report import AdviceReport, TrickRow
-from tricks_lib.comparing import Budget, compare
+from tricks_lib.advise.timing import CALLS_PER_VARIANT, raised_row, spent_row, time_passing, time_stacked
 from tricks_lib.compiling import CompileCost, compile_cost, fresh_compile_cache
 from tricks_lib.env import describe, pick_device
 from tricks_lib.inference.compiled import export_for_fresh_processes
@@ -175,14 +174,8 @@ def _flat_output(out: object) -> torch.Tensor:
 
 def _not_applicable(name: str, model: nn.Module, inputs, device: torch.device, env) -> str | None:
     cuda = device.type == "cuda"
-    capability = torch.cuda.get_device_capability(device) if cuda else None
     if name == "bf16 autocast":
-        if cuda and capability < (8, 0):
-            return f"this GPU (sm{capability[0]}{capability[1]}) emulates bf16; use fp16"
-        if device.type == "cpu" and not env.cpu_bf16_native:
-            return "this CPU has no native bf16 (AVX512-BF16 or AMX): it would be emulated, slower"
-        if device.type not in ("cpu", "cuda"):
-            return f"bf16 autocast on {device.type} is not tried here"
+        return bf16_reason(device, env.cpu_bf16_native, "use fp16")
     elif name == "fp16 autocast" and not cuda:
         return "needs a CUDA GPU (CPU fp16 kernels are not fast)"
     elif name == "dynamic int8 (Linear)":
@@ -191,10 +184,7 @@ def _not_applicable(name: str, model: nn.Module, inputs, device: torch.device, e
         if not any(isinstance(m, nn.Linear) for m in model.modules()):
             return "no nn.Linear layer to quantize"
     elif name == "channels_last":
-        if not any(isinstance(m, (nn.Conv2d, nn.ConvTranspose2d)) for m in model.modules()):
-            return "no 2-D convolution in the model"
-        if not any(x.dim() == 4 for x in inputs):
-            return "no 4-D (N, C, H, W) input"
+        return channels_last_reason(model, inputs)
     return None
 
 
@@ -262,24 +252,19 @@ def try_inference_tricks(
             rows[name] = TrickRow(name, applies=False, reason=reason)
             continue
         if time.perf_counter() - start > 0.5 * budget_s:
-            rows[name] = TrickRow(
-                name, applies=True, check="not run: half the time budget went to the builds and checks"
-            )
+            rows[name] = spent_row(name)
             continue
         try:
             note = ""
             if name == "torch.compile":
                 call, compile_cost_found, note = _compiled_call(make_model, inputs, dev, progress)
-                box = [call()]
             else:
                 call = _build(make_model, inputs, dev, SWITCH_OF[name])
-                box = [call()]
             passed, text, error = _output_check(
-                box[0], reference, lossy_tolerance if name in LOSSY else exact_tolerance
+                call(), reference, lossy_tolerance if name in LOSSY else exact_tolerance
             )
         except Exception as err:  # a trick that cannot run on this model is a row, never the report's end
-            first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
-            rows[name] = TrickRow(name, applies=True, check=f"raised {type(err).__name__}: {first_line[:200]}")
+            rows[name] = raised_row(name, err)
             continue
         rows[name] = TrickRow(
             name,
@@ -292,30 +277,20 @@ def try_inference_tricks(
         )
         if passed:
             calls[name] = call
-    comparison = None
-    timed, per_variant = plan_timing(
-        [n for n in calls if n != "baseline"], call_seconds, budget_s - (time.perf_counter() - start)
+    comparison = time_passing(
+        rows,
+        calls,
+        call_seconds=call_seconds,
+        seconds_left=budget_s - (time.perf_counter() - start),
+        unit="call",
+        items=items,
+        device=dev,
+        memory=False,
+        label="forward pass",
+        progress=progress,
     )
-    for name in [n for n in calls if n != "baseline" and n not in timed]:
-        rows[name] = replace(
-            rows[name], note=f"not timed: the budget ran out (one call {call_seconds:.2f} s; raise budget_s)"
-        )
-    if timed:
-        comparison = compare(
-            {n: calls[n] for n in ("baseline", *timed)},
-            baseline="baseline",
-            items=items,
-            device=dev,
-            budget=Budget(min_run_time=per_variant, min_rounds=TIMED_ROUNDS),
-            label=f"forward pass, {len(timed)} tricks against the baseline",
-            progress=progress,
-        )
-        for name in timed:
-            r = comparison[name]
-            rows[name] = replace(
-                rows[name], outcome=r.outcome, speedup=r.speedup, speedup_low=r.ci_low, speedup_high=r.ci_high
-            )
-        if "torch.compile" in timed and isinstance(compile_cost_found, CompileCost):
+    if comparison is not None:
+        if "torch.compile" in comparison.names and isinstance(compile_cost_found, CompileCost):
             paid = compile_cost_found.break_even(comparison, "torch.compile", "baseline")
             rows["torch.compile"] = replace(
                 rows["torch.compile"], note=f"{rows['torch.compile'].note}; {paid.text('calls')}"
@@ -341,16 +316,16 @@ def try_inference_tricks(
             bound = lossy_tolerance if any(r.name in LOSSY for r in recommended) else exact_tolerance
             passed, stacked_check, _ = _output_check(call(), reference, bound)
             if passed:
-                left = max(0.05, budget_s - (time.perf_counter() - start))
-                stacked = compare(
-                    {"baseline": base, "stacked": call},
-                    baseline="baseline",
+                stacked = time_stacked(
+                    base,
+                    call,
+                    seconds_left=budget_s - (time.perf_counter() - start),
                     items=items,
                     device=dev,
-                    budget=Budget(min_run_time=max(0.05, 0.3 * left), min_rounds=TIMED_ROUNDS),
-                    label="forward pass, the recommended tricks stacked",
+                    memory=False,
+                    label="forward pass",
                     progress=progress,
                 )
         except Exception as err:
-            stacked_check = f"raised {type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"
+            stacked_check = raised_row("stacked", err).check
     return replace(report, stacked=stacked, stacked_check=stacked_check, seconds_used=time.perf_counter() - start)

@@ -14,16 +14,16 @@ import torch
 from torch import nn
 
 __all__ = [
-    "CALLS_PER_VARIANT",
-    "TIMED_ROUNDS",
     "as_tensors",
+    "batch_on",
+    "bf16_reason",
+    "channels_last_reason",
     "check_budget",
     "check_factory",
     "check_same_weights",
     "check_tolerances",
     "check_tricks",
     "move",
-    "plan_timing",
 ]
 
 
@@ -90,17 +90,34 @@ def move(tensors: tuple[torch.Tensor, ...], device: torch.device) -> tuple[torch
     return tuple(t.to(device) for t in tensors)
 
 
-# One timed variant costs about this many calls: the rounds compare needs for a verdict, its warm-up and
-# calibration calls, and the memory measurement.
-TIMED_ROUNDS = 8
-CALLS_PER_VARIANT = TIMED_ROUNDS + 3
+def batch_on(batch: object, device: torch.device) -> tuple[tuple[torch.Tensor, ...], object]:
+    """``make_batch()``'s ``(inputs, targets)`` on ``device``: the inputs as a tuple, the targets as ``loss_fn``
+    expects them (a tensor, or the tuple or list they came in)."""
+    if not isinstance(batch, (tuple, list)) or len(batch) != 2:
+        raise TypeError(f"make_batch must return (inputs, targets), got {type(batch).__name__}")
+    inputs = move(as_tensors(batch[0], "make_batch()[0] (the inputs)"), device)
+    targets = move(as_tensors(batch[1], "make_batch()[1] (the targets)"), device)
+    return inputs, targets[0] if isinstance(batch[1], torch.Tensor) else type(batch[1])(targets)
 
 
-def plan_timing(candidates: Sequence[str], call_seconds: float, seconds_left: float) -> tuple[list[str], float]:
-    """The tricks one interleaved comparison can time in ``seconds_left`` (besides the baseline), and the
-    ``min_run_time`` of each variant; a quarter of what is left stays for the stacked run."""
-    usable = 0.75 * seconds_left
-    cost = CALLS_PER_VARIANT * max(call_seconds, 1e-4)
-    fits = max(0, int(usable // cost) - 1)
-    chosen = list(candidates[:fits])
-    return chosen, max(0.05, 0.4 * usable / (len(chosen) + 1))
+def channels_last_reason(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> str | None:
+    """Why channels_last cannot apply (no 2-D convolution, no 4-D input), or None."""
+    if not any(isinstance(m, (nn.Conv2d, nn.ConvTranspose2d)) for m in model.modules()):
+        return "no 2-D convolution in the model"
+    if not any(x.dim() == 4 for x in inputs):
+        return "no 4-D (N, C, H, W) input"
+    return None
+
+
+def bf16_reason(device: torch.device, cpu_bf16_native: bool, gpu_alternative: str) -> str | None:
+    """Why bf16 autocast is not worth trying on ``device`` (emulated there), or None."""
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        return None if major >= 8 else f"this GPU (sm{major}{minor}) emulates bf16; {gpu_alternative}"
+    if device.type == "cpu":
+        return (
+            None
+            if cpu_bf16_native
+            else "this CPU has no native bf16 (AVX512-BF16 or AMX): it would be emulated, slower"
+        )
+    return f"bf16 autocast on {device.type} is not tried here"

@@ -20,18 +20,24 @@ from torch import nn
 from tricks_lib._validate import check_flag, check_positive
 from tricks_lib.advise.checks import StepResult, check_step
 from tricks_lib.advise.inputs import (
-    CALLS_PER_VARIANT,
-    TIMED_ROUNDS,
-    as_tensors,
+    batch_on,
+    bf16_reason,
+    channels_last_reason,
     check_budget,
     check_factory,
     check_same_weights,
     check_tolerances,
     check_tricks,
-    move,
-    plan_timing,
 )
 from tricks_lib.advise.report import AdviceReport, TrickRow
+from tricks_lib.advise.timing import (
+    CALLS_PER_VARIANT,
+    TIMED_ROUNDS,
+    raised_row,
+    spent_row,
+    time_passing,
+    time_stacked,
+)
 from tricks_lib.comparing import Budget, compare
 from tricks_lib.compiling import fresh_compile_cache
 from tricks_lib.env import describe, pick_device
@@ -219,17 +225,9 @@ def _not_applicable(name: str, model: nn.Module, inputs, optimizer, device: torc
     cuda = device.type == "cuda"
     capability = torch.cuda.get_device_capability(device) if cuda else None
     if name == "channels_last":
-        if not any(isinstance(m, (nn.Conv2d, nn.ConvTranspose2d)) for m in model.modules()):
-            return "no 2-D convolution in the model"
-        if not any(x.dim() == 4 for x in inputs):
-            return "no 4-D (N, C, H, W) input"
+        return channels_last_reason(model, inputs)
     elif name == "bf16 autocast":
-        if cuda and capability < (8, 0):
-            return f"this GPU (sm{capability[0]}{capability[1]}) emulates bf16; fp16 with GradScaler is its 16-bit type"
-        if device.type == "cpu" and not env.cpu_bf16_native:
-            return "this CPU has no native bf16 (AVX512-BF16 or AMX): it would be emulated, slower"
-        if device.type not in ("cpu", "cuda"):
-            return f"bf16 autocast on {device.type} is not tried here"
+        return bf16_reason(device, env.cpu_bf16_native, "fp16 with GradScaler is its 16-bit type")
     elif name == "fp16 autocast + GradScaler":
         if not cuda:
             return "needs a CUDA GPU (CPU fp16 convolutions and matmuls have no fast kernels)"
@@ -329,12 +327,7 @@ def try_training_tricks(
     chosen = check_tricks(tricks, TRAINING_TRICKS)
     dev = pick_device(device) if device is not None else pick_device()
     check_same_weights(make_model)
-    batch = make_batch()
-    if not isinstance(batch, (tuple, list)) or len(batch) != 2:
-        raise TypeError(f"make_batch must return (inputs, targets), got {type(batch).__name__}")
-    inputs = move(as_tensors(batch[0], "make_batch()[0] (the inputs)"), dev)
-    targets = move(as_tensors(batch[1], "make_batch()[1] (the targets)"), dev)
-    targets = targets[0] if isinstance(batch[1], torch.Tensor) else type(batch[1])(targets)  # as loss_fn expects them
+    inputs, targets = batch_on(make_batch(), dev)
     items = int(inputs[0].shape[0]) if inputs[0].dim() else 1
 
     def loop(switches: TrainingSwitches) -> _Loop:
@@ -346,16 +339,14 @@ def try_training_tricks(
     env = describe()
     rows: dict[str, TrickRow] = {}
     steps: dict[str, Callable[[], object]] = {"baseline": base.step}
-    notes, compile_first = [], None
+    compile_first = None
     for name in chosen:
         reason = _not_applicable(name, base.model, inputs, base.optimizer, dev, env)
         if reason is not None:
             rows[name] = TrickRow(name, applies=False, reason=reason)
             continue
         if time.perf_counter() - start > 0.5 * budget_s:
-            rows[name] = TrickRow(
-                name, applies=True, check="not run: half the time budget went to the builds and checks"
-            )
+            rows[name] = spent_row(name)
             continue
         try:
             variant = loop(SWITCH_OF[name])
@@ -365,8 +356,7 @@ def try_training_tricks(
                 first = time_first_call(lambda v=variant, b=box: b.append(v.checked_step()), device=dev)
             result = check_step(box[0], reference, lossy_tolerance if name in LOSSY else exact_tolerance)
         except Exception as err:  # a trick that cannot run on this model is a row, never the report's end
-            first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
-            rows[name] = TrickRow(name, applies=True, check=f"raised {type(err).__name__}: {first_line[:200]}")
+            rows[name] = raised_row(name, err)
             continue
         note = ""
         if name == "torch.compile":
@@ -384,29 +374,20 @@ def try_training_tricks(
         )
         if result.passed:
             steps[name] = variant.step
-    comparison = None
-    timed, per_variant = plan_timing(
-        [n for n in steps if n != "baseline"], step_seconds, budget_s - (time.perf_counter() - start)
+    comparison = time_passing(
+        rows,
+        steps,
+        call_seconds=step_seconds,
+        seconds_left=budget_s - (time.perf_counter() - start),
+        unit="step",
+        items=items,
+        device=dev,
+        memory=True,
+        label="training step",
+        progress=progress,
     )
-    for name in [n for n in steps if n != "baseline" and n not in timed]:
-        rows[name] = replace(
-            rows[name], note=f"not timed: the budget ran out (one step {step_seconds:.2f} s; raise budget_s)"
-        )
-    if timed:
-        comparison = compare(
-            {n: steps[n] for n in ("baseline", *timed)},
-            baseline="baseline",
-            items=items,
-            device=dev,
-            memory=True,
-            budget=Budget(min_run_time=per_variant, min_rounds=TIMED_ROUNDS),
-            label=f"training step, {len(timed)} tricks against the baseline",
-            progress=progress,
-        )
-        for name in timed:
-            rows[name] = _with_timing(rows[name], comparison, name)
-        if "torch.compile" in timed:
-            rows["torch.compile"] = _with_break_even(rows["torch.compile"], comparison, compile_first)
+    if comparison is not None and "torch.compile" in comparison.names:
+        rows["torch.compile"] = _with_break_even(rows["torch.compile"], comparison, compile_first)
     report = AdviceReport(
         kind="training",
         device=str(dev),
@@ -418,7 +399,6 @@ def try_training_tricks(
         seconds_used=0.0,
         memory_budget_bytes=memory_budget_bytes,
         baseline_saved_bytes=comparison["baseline"].memory.saved_bytes if comparison is not None else None,
-        notes=tuple(notes),
     )
     stacked, stacked_check = _stack(
         report, loop, reference, exact_tolerance, lossy_tolerance, items, dev, start, budget_s, step_seconds, progress
@@ -460,9 +440,7 @@ def _time_batch_sizes(
             raise TypeError(
                 f"with batch_sizes=, make_batch must take batch_size= (e.g. def make_batch(batch_size=32)): {err}"
             ) from None
-        x = move(as_tensors(batch[0], "make_batch()[0] (the inputs)"), dev)
-        y = move(as_tensors(batch[1], "make_batch()[1] (the targets)"), dev)
-        y = y[0] if isinstance(batch[1], torch.Tensor) else type(batch[1])(y)
+        x, y = batch_on(batch, dev)
         loop = _Loop(make_model, make_optimizer, loss_fn, x, y, dev, TrainingSwitches())
         steps[f"batch {b}"], counts[f"batch {b}"] = loop.step, b
     return compare(
@@ -473,20 +451,6 @@ def _time_batch_sizes(
         budget=Budget(min_run_time=max(0.05, 0.3 * left / len(sizes)), min_rounds=TIMED_ROUNDS),
         label="the baseline training step by batch size (throughput)",
         progress=progress,
-    )
-
-
-def _with_timing(row: TrickRow, comparison: Comparison, name: str) -> TrickRow:
-    r = comparison[name]
-    mem = r.memory
-    return replace(
-        row,
-        outcome=r.outcome,
-        speedup=r.speedup,
-        speedup_low=r.ci_low,
-        speedup_high=r.ci_high,
-        saved_bytes=mem.saved_bytes if mem else None,
-        peak_allocated_bytes=mem.peak_extra_bytes if mem else None,
     )
 
 
@@ -518,18 +482,17 @@ def _stack(
         base, stacked = loop(TrainingSwitches()), loop(switches)
         result = check_step(stacked.checked_step(), reference, lossy if any(r.name in LOSSY for r in chosen) else exact)
     except Exception as err:
-        return None, f"raised {type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"
+        return None, raised_row("stacked", err).check
     if not result.passed:
         return None, result.text()
-    left = max(0.05, budget_s - (time.perf_counter() - start))
-    comparison = compare(
-        {"baseline": base.step, "stacked": stacked.step},
-        baseline="baseline",
+    comparison = time_stacked(
+        base.step,
+        stacked.step,
+        seconds_left=budget_s - (time.perf_counter() - start),
         items=items,
         device=dev,
         memory=True,
-        budget=Budget(min_run_time=max(0.05, 0.3 * left), min_rounds=TIMED_ROUNDS),
-        label="training step, the recommended tricks stacked",
+        label="training step",
         progress=progress,
     )
     return comparison, result.text()

@@ -121,6 +121,8 @@ def test_compile_cost_checks_its_new_options():
         compile_cost("x = 1", "x", no_grad=1)
     with pytest.raises(TypeError, match="progress"):
         compile_cost("x = 1", "x", progress="yes")
+    with pytest.raises(TypeError, match="here"):
+        compile_cost("x = 1", "x", here="no")
 
 
 def test_a_timeout_stops_the_fresh_process_and_what_its_setup_started(tmp_path):
@@ -136,3 +138,15 @@ def test_a_timeout_stops_the_fresh_process_and_what_its_setup_started(tmp_path):
         compile_cost(setup, "None", device="cpu", timeout=8)
     grandchild = int(pid_file.read_text())
     assert gone_within(grandchild, 5), "the setup's child outlived the timed-out fresh process"
+
+
+def test_calls_to_pay_off_from_a_first_call_and_the_two_steady_states():
+    from tricks_lib.compiling import calls_to_pay_off
+
+    assert calls_to_pay_off(10.0, 0.3, 0.1) == pytest.approx((10.0 - 0.1) / 0.2)
+    assert calls_to_pay_off(0.05, 0.3, 0.1) == 0.0  # a first call no slower than the compiled one pays at once
+    assert calls_to_pay_off(10.0, 0.1, 0.3) is None
+    with pytest.raises(ValueError, match="first_seconds"):
+        calls_to_pay_off(0.0, 0.3, 0.1)
+    with pytest.raises(TypeError, match="eager_seconds"):
+        calls_to_pay_off(1.0, "0.3", 0.1)

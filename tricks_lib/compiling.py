@@ -40,6 +40,7 @@ from tricks_lib.timing import time_first_call
 __all__ = [
     "BreakEven",
     "CompileCost",
+    "calls_to_pay_off",
     "compile_cost",
     "fresh_compile_cache",
 ]
@@ -106,6 +107,30 @@ def fresh_compile_cache() -> Iterator[str]:
             os.environ[_CACHE_ENV_VAR] = previous
 
 
+def calls_to_pay_off(first_seconds: float, eager_seconds: float, compiled_seconds: float) -> float | None:
+    """Calls after which a compile has paid for itself; None when the compiled call is not faster.
+
+    With ``n`` calls, compiling costs ``first + (n - 1) * compiled`` against ``n * eager``: it pays off from
+    ``n = (first - compiled) / (eager - compiled)`` on, ``first`` being the compiled function's first call.
+
+    Raises:
+        TypeError / ValueError: times that are not positive numbers.
+    """
+    for name, value in (
+        ("first_seconds", first_seconds),
+        ("eager_seconds", eager_seconds),
+        ("compiled_seconds", compiled_seconds),
+    ):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"{name} must be a number of seconds, got {value!r}")
+        if not value > 0 or not math.isfinite(value):
+            raise ValueError(f"{name} must be positive, got {value!r}")
+    saved = eager_seconds - compiled_seconds
+    if saved <= 0:
+        return None
+    return max(first_seconds - compiled_seconds, 0.0) / saved
+
+
 @dataclass(frozen=True)
 class BreakEven:
     """The calls after which a compile pays for itself, from empty caches (cold) and a warm on-disk cache.
@@ -153,7 +178,7 @@ class CompileCost:
     import_torch_seconds: float  # `import torch` in the fresh process (paid by every run, compiled or not)
     cold_process_seconds: float  # the whole cold child process, interpreter start to exit
     warm_process_seconds: float
-    compiled: Callable[[], object] = field(repr=False, compare=False)
+    compiled: Callable[[], object] | None = field(repr=False, compare=False)  # None with compile_cost(here=False)
     namespace: dict = field(repr=False, compare=False)
 
     def first_call_seconds(self, cache: str = "cold") -> float:
@@ -163,25 +188,13 @@ class CompileCost:
         return self.cold_seconds if cache == "cold" else self.warm_seconds
 
     def calls_to_pay_off(self, eager_seconds: float, compiled_seconds: float, *, cache: str = "cold") -> float | None:
-        """Calls after which compiling has paid for itself; None when the compiled call is not faster.
-
-        With ``n`` calls, compiling costs ``first + (n - 1) * compiled`` against ``n * eager``: it pays
-        off from ``n = (first - compiled) / (eager - compiled)`` on, ``first`` being the fresh process's
-        first call (``cache`` "cold" or "warm").
+        """Calls after which compiling has paid for itself (``calls_to_pay_off`` with this cost's fresh-process
+        first call, ``cache`` "cold" or "warm"); None when the compiled call is not faster.
 
         Raises:
             TypeError / ValueError: times that are not positive numbers, or an unknown ``cache``.
         """
-        for name, value in (("eager_seconds", eager_seconds), ("compiled_seconds", compiled_seconds)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(f"{name} must be a number of seconds, got {value!r}")
-            if not value > 0 or not math.isfinite(value):
-                raise ValueError(f"{name} must be positive, got {value!r}")
-        first = self.first_call_seconds(cache)
-        saved = eager_seconds - compiled_seconds
-        if saved <= 0:
-            return None
-        return max(first - compiled_seconds, 0.0) / saved
+        return calls_to_pay_off(self.first_call_seconds(cache), eager_seconds, compiled_seconds)
 
     def break_even(self, comparison: Comparison, compiled: str, eager: str) -> BreakEven:
         """Calls after which compiling paid for itself, cold and warm (this cost's fresh-process first calls).
@@ -277,6 +290,7 @@ def compile_cost(
     progress: bool = False,
     inductor_config: dict | None = None,
     no_grad: bool = False,
+    here: bool = True,
 ) -> CompileCost:
     """Time the first compiled call in fresh processes, cold and warm, and build the same call here.
 
@@ -295,6 +309,8 @@ def compile_cost(
             in torch 2.14 (notebook 05, section 7).
         no_grad: run the first calls with grad mode off (freezing needs it). Call ``compiled`` under
             ``torch.no_grad()`` too, or Dynamo recompiles it.
+        here: also build and call ``call`` in this process (``compiled``); False skips that third compile
+            where the caller times its own compiled function (``compiled`` and ``namespace`` are then empty).
 
     Returns:
         A ``CompileCost``; its ``compiled`` runs ``call`` in this process (compiled against the warm
@@ -318,7 +334,7 @@ def compile_cost(
         raise ValueError(f"call must be a single expression such as 'f(x)': {err}") from err
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    for name, flag in (("progress", progress), ("no_grad", no_grad)):
+    for name, flag in (("progress", progress), ("no_grad", no_grad), ("here", here)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be True or False, got {flag!r}")
     if inductor_config is not None and not isinstance(inductor_config, dict):
@@ -329,27 +345,17 @@ def compile_cost(
         raise ValueError(f"inductor_config: {unknown} are not torch._inductor.config settings")
     setup = textwrap.dedent(setup)
     dev = pick_device(device) if device is not None else pick_device()
-    bar = _progress_bar(progress, 3, "compile: cold process, warm process, here")
+    bar = _progress_bar(progress, 3 if here else 2, "compile: cold process, warm process" + (", here" if here else ""))
     with fresh_compile_cache() as folder:
         cold, cold_wall = _run_child(setup, call.strip(), dev, folder, timeout, config, no_grad)
         _advance(bar)
         warm, warm_wall = _run_child(setup, call.strip(), dev, folder, timeout, config, no_grad)
         _advance(bar)
-        # This process compiles against the cache the children filled: the steady state is what the
-        # comparison needs, not this in-process first call (which would be neither cold nor a rerun).
         namespace: dict = {"DEVICE": dev, "__name__": "__compile_cost__"}
-
-        def compiled() -> object:
-            return eval(call_code, namespace)
-
-        with contextlib.ExitStack() as stack:
-            if config:
-                stack.enter_context(_inductor_config().patch(config))
-            if no_grad:
-                stack.enter_context(torch.no_grad())
-            exec(compile(setup, "<compile_cost setup>", "exec"), namespace)
-            time_first_call(compiled, device=dev)
-        _advance(bar)
+        compiled = None
+        if here:
+            compiled = _build_here(setup, call_code, namespace, config, no_grad, dev)
+            _advance(bar)
     if bar is not None:
         bar.close()
     return CompileCost(
@@ -361,3 +367,21 @@ def compile_cost(
         compiled=compiled,
         namespace=namespace,
     )
+
+
+def _build_here(setup: str, call_code, namespace: dict, config: dict, no_grad: bool, dev: torch.device):
+    """Run ``setup`` here into ``namespace`` and call once; return the call, ready for ``compare``."""
+    # This process compiles against the cache the children filled: the steady state is what the
+    # comparison needs, not this in-process first call (which would be neither cold nor a rerun).
+
+    def compiled() -> object:
+        return eval(call_code, namespace)
+
+    with contextlib.ExitStack() as stack:
+        if config:
+            stack.enter_context(_inductor_config().patch(config))
+        if no_grad:
+            stack.enter_context(torch.no_grad())
+        exec(compile(setup, "<compile_cost setup>", "exec"), namespace)
+        time_first_call(compiled, device=dev)
+    return compiled

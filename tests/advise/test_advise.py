@@ -312,3 +312,49 @@ def test_the_compiled_forward_pays_its_first_call_in_fresh_processes_and_says_wh
     assert row.check_passed, row.check
     assert row.note.startswith("first call in a fresh process") and "(empty caches)" in row.note
     assert "pays" in row.note  # the break-even: after how many calls, or never here
+
+
+@pytest.mark.slow
+def test_the_compiled_training_step_pays_its_first_step_in_fresh_processes_model_and_loss_exported_together():
+    report = try_training_tricks(
+        small_cnn, batch, F.cross_entropy, device="cpu", tricks=["torch.compile"], budget_s=120, progress=False
+    )
+    row = rows_of(report)["torch.compile"]
+    assert row.check_passed, row.check
+    assert row.note.startswith("first step in a fresh process") and "(warm cache)" in row.note, row.note
+    assert "pays off" in row.note  # after how many steps, or never here
+
+
+def test_a_model_torch_export_cannot_take_is_compiled_here_and_the_row_says_why(monkeypatch):
+    import tricks_lib.advise.compile_first as compile_first
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("data-dependent control flow\nmore detail")
+
+    monkeypatch.setattr(compile_first, "export_for_fresh_processes", refuse)
+    cost, why = compile_first.fresh_process_compile_cost(small_cnn(), (batch()[0],), "compiled(*inputs)", "cpu", False)
+    assert cost is None and why == "data-dependent control flow"
+    note = compile_first.first_call_note(None, 2.5, "step", why)
+    assert note == "first step 2.5 s in this process, cold cache (torch.export could not export it: data-dependent control flow)"
+
+
+def test_the_loss_module_computes_the_loss_of_the_models_output_on_the_last_argument_as_targets():
+    from tricks_lib.advise.compile_first import LossOf
+
+    x, y = batch()
+    model = small_cnn()
+    assert torch.equal(LossOf(model, F.cross_entropy)(x, y), F.cross_entropy(model(x), y))
+
+
+def test_fewer_threads_runs_the_call_on_half_the_threads_and_restores_the_count():
+    threads = torch.get_num_threads()
+    report = try_inference_tricks(
+        small_cnn, lambda: batch()[0], device="cpu", tricks=["fewer threads"], budget_s=20, progress=False
+    )
+    row = rows_of(report)["fewer threads"]
+    assert torch.get_num_threads() == threads  # the caller's setting is left as it was
+    if threads == 1:
+        assert not row.applies and "one thread" in row.reason
+    else:
+        assert row.check_passed and row.note == f"{threads // 2} of {threads} threads"
+        assert row.lines == f"torch.set_num_threads({threads // 2})" and row.speedup is not None

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import shutil
-import tempfile
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -23,6 +21,7 @@ from torch import nn
 
 from tricks_lib._validate import check_flag
 from tricks_lib.advise.checks import relative_error
+from tricks_lib.advise.compile_first import first_call_note, fresh_process_compile_cost, with_break_even
 from tricks_lib.advise.inputs import (
     as_tensors,
     bf16_reason,
@@ -36,9 +35,8 @@ from tricks_lib.advise.inputs import (
 )
 from tricks_lib.advise.report import AdviceReport, TrickRow
 from tricks_lib.advise.timing import CALLS_PER_VARIANT, raised_row, spent_row, time_passing, time_stacked
-from tricks_lib.compiling import CompileCost, compile_cost, fresh_compile_cache
+from tricks_lib.compiling import fresh_compile_cache
 from tricks_lib.env import describe, pick_device
-from tricks_lib.inference.compiled import export_for_fresh_processes
 from tricks_lib.timing import time_first_call
 
 __all__ = ["INFERENCE_TRICKS", "InferenceSwitches", "try_inference_tricks"]
@@ -51,6 +49,7 @@ INFERENCE_TRICKS = (
     "dynamic int8 (Linear)",
     "channels_last",
     "torch.compile",
+    "fewer threads",
 )
 LOSSY = {"bf16 autocast", "fp16 autocast", "dynamic int8 (Linear)"}
 LINES = {
@@ -62,6 +61,7 @@ LINES = {
     "channels_last": "model = model.to(memory_format=torch.channels_last)\n"
     "x = x.contiguous(memory_format=torch.channels_last)",
     "torch.compile": "model = torch.compile(model)  # on a CPU under no_grad also: torch._inductor.config.freezing = True",
+    "fewer threads": "torch.set_num_threads({threads})",
 }
 
 
@@ -72,6 +72,12 @@ class InferenceSwitches:
     int8: bool = False
     channels_last: bool = False
     compile: bool = False
+    threads: int | None = None  # torch's intra-op threads during the call (None: as set)
+
+
+def fewer_threads() -> int:
+    """The thread count the "fewer threads" trick tries: half of torch's intra-op threads (at least one)."""
+    return max(1, torch.get_num_threads() // 2)
 
 
 SWITCH_OF = {
@@ -85,6 +91,10 @@ SWITCH_OF = {
 }
 
 
+def _switches_of(name: str) -> InferenceSwitches:
+    return InferenceSwitches(threads=fewer_threads()) if name == "fewer threads" else SWITCH_OF[name]
+
+
 def _combine(switches: Sequence[InferenceSwitches]) -> InferenceSwitches:
     out = InferenceSwitches()
     for s in switches:
@@ -95,6 +105,7 @@ def _combine(switches: Sequence[InferenceSwitches]) -> InferenceSwitches:
             int8=out.int8 or s.int8,
             channels_last=out.channels_last or s.channels_last,
             compile=out.compile or s.compile,
+            threads=s.threads or out.threads,
         )
     return out
 
@@ -117,6 +128,18 @@ def _build(make_model, inputs, device: torch.device, s: InferenceSwitches) -> Ca
     compiled_yet = [not freeze]
 
     def call() -> torch.Tensor:
+        if s.threads is None:
+            return forward_once()
+        # Set for this call only, so that the variants timed in the same interleaved rounds keep their own count
+        # (switching costs about 0.2 us).
+        threads = torch.get_num_threads()
+        torch.set_num_threads(s.threads)
+        try:
+            return forward_once()
+        finally:
+            torch.set_num_threads(threads)
+
+    def forward_once() -> torch.Tensor:
         config = contextlib.nullcontext()
         if not compiled_yet[0]:
             import torch._inductor.config as inductor_config
@@ -133,33 +156,15 @@ def _build(make_model, inputs, device: torch.device, s: InferenceSwitches) -> Ca
 def _compiled_call(make_model, inputs, device: torch.device, progress: bool):
     """``torch.compile`` of the model, its first call timed in fresh processes (cold and warm caches) where
     ``torch.export`` can export it: (the compiled call here, the ``CompileCost`` or None, the row's note)."""
-    folder = tempfile.mkdtemp(prefix="tricks-advise-")
-    try:
-        setup = export_for_fresh_processes(make_model().to(device).eval(), tuple(inputs), folder)
-    except Exception as err:  # data-dependent control flow and the like: measured in this process instead
-        shutil.rmtree(folder, ignore_errors=True)
-        call = _build(make_model, inputs, device, InferenceSwitches(compile=True))
-        with fresh_compile_cache():
-            first = time_first_call(call, device=device)
-        reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:120]
-        return (
-            call,
-            None,
-            f"first call {first:.1f} s in this process, cold cache (torch.export could not export it: {reason})",
-        )
-    try:
-        cost = compile_cost(
-            setup + "compiled = torch.compile(model)\n", "compiled(*inputs)", device=device, progress=progress
-        )
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    cost, why = fresh_process_compile_cost(
+        make_model().to(device).eval(), tuple(inputs), "compiled(*inputs)", device, progress
+    )
     # The timed variant is your own module compiled here (the exported module is for the fresh processes only: it
     # checks its inputs on every call, which would be timed too).
     call = _build(make_model, inputs, device, InferenceSwitches(compile=True))
     with fresh_compile_cache():
-        call()
-    note = f"first call in a fresh process {cost.cold_seconds:.1f} s (empty caches), {cost.warm_seconds:.1f} s (warm cache)"
-    return call, cost, note
+        first = time_first_call(call, device=device)
+    return call, cost, first, first_call_note(cost, first, "call", why)
 
 
 def _flat_output(out: object) -> torch.Tensor:
@@ -185,6 +190,11 @@ def _not_applicable(name: str, model: nn.Module, inputs, device: torch.device, e
             return "no nn.Linear layer to quantize"
     elif name == "channels_last":
         return channels_last_reason(model, inputs)
+    elif name == "fewer threads":
+        if device.type != "cpu":
+            return "the GPU runs the kernels; torch's CPU threads only prepare them"
+        if torch.get_num_threads() == 1:
+            return "torch already runs on one thread"
     return None
 
 
@@ -224,6 +234,8 @@ def try_inference_tricks(
     ``torch.compile``'s first call is timed as a reader pays it: in fresh processes, with empty caches and with a
     warm on-disk cache (``compile_cost``, on the model exported with ``torch.export``), and the row says after how
     many calls it pays back. A model ``torch.export`` cannot export is timed in this process, and the row says so.
+    "fewer threads" runs each call with half of torch's intra-op threads (``torch.set_num_threads``): on small
+    inputs, handing the work to more threads can cost more than the parallel part saves.
 
     Raises:
         TypeError / ValueError: as ``try_training_tricks`` (each names the argument).
@@ -245,7 +257,7 @@ def try_inference_tricks(
     env, probe = describe(), make_model()
     rows: dict[str, TrickRow] = {}
     calls: dict[str, Callable[[], object]] = {"baseline": base}
-    compile_cost_found = None  # the fresh-process compile cost, when torch.compile ran
+    compile_cost_found, compile_first = None, None  # torch.compile's first call, when it ran
     for name in chosen:
         reason = _not_applicable(name, probe, inputs, dev, env)
         if reason is not None:
@@ -257,9 +269,13 @@ def try_inference_tricks(
         try:
             note = ""
             if name == "torch.compile":
-                call, compile_cost_found, note = _compiled_call(make_model, inputs, dev, progress)
+                call, compile_cost_found, compile_first, note = _compiled_call(make_model, inputs, dev, progress)
+            elif name == "fewer threads":
+                threads = fewer_threads()
+                call = _build(make_model, inputs, dev, _switches_of(name))
+                note = f"{threads} of {torch.get_num_threads()} threads"
             else:
-                call = _build(make_model, inputs, dev, SWITCH_OF[name])
+                call = _build(make_model, inputs, dev, _switches_of(name))
             passed, text, error = _output_check(
                 call(), reference, lossy_tolerance if name in LOSSY else exact_tolerance
             )
@@ -271,7 +287,7 @@ def try_inference_tricks(
             applies=True,
             check=text,
             check_passed=passed,
-            lines=LINES[name],
+            lines=LINES[name].replace("{threads}", str(fewer_threads())),
             note=note,
             errors=(("output", error),),
         )
@@ -289,12 +305,10 @@ def try_inference_tricks(
         label="forward pass",
         progress=progress,
     )
-    if comparison is not None:
-        if "torch.compile" in comparison.names and isinstance(compile_cost_found, CompileCost):
-            paid = compile_cost_found.break_even(comparison, "torch.compile", "baseline")
-            rows["torch.compile"] = replace(
-                rows["torch.compile"], note=f"{rows['torch.compile'].note}; {paid.text('calls')}"
-            )
+    if comparison is not None and "torch.compile" in comparison.names:
+        rows["torch.compile"] = with_break_even(
+            rows["torch.compile"], comparison, compile_cost_found, compile_first, "calls"
+        )
     report = AdviceReport(
         kind="inference",
         device=str(dev),
@@ -311,7 +325,7 @@ def try_inference_tricks(
         stacked_check = f"not run: the budget ran out (one call {call_seconds:.2f} s; raise budget_s)"
     elif recommended:
         try:
-            switches = _combine([SWITCH_OF[r.name] for r in recommended])
+            switches = _combine([_switches_of(r.name) for r in recommended])
             call = _build(make_model, inputs, dev, switches)
             bound = lossy_tolerance if any(r.name in LOSSY for r in recommended) else exact_tolerance
             passed, stacked_check, _ = _output_check(call(), reference, bound)

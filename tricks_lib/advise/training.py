@@ -19,6 +19,7 @@ from torch import nn
 
 from tricks_lib._validate import check_flag, check_positive
 from tricks_lib.advise.checks import StepResult, check_step
+from tricks_lib.advise.compile_first import LossOf, first_call_note, fresh_process_compile_cost, with_break_even
 from tricks_lib.advise.inputs import (
     batch_on,
     bf16_reason,
@@ -42,7 +43,6 @@ from tricks_lib.comparing import Budget, compare
 from tricks_lib.compiling import fresh_compile_cache
 from tricks_lib.env import describe, pick_device
 from tricks_lib.measurements import Comparison
-from tricks_lib.outcome import Outcome
 from tricks_lib.timing import time_first_call
 
 __all__ = ["TRAINING_TRICKS", "TrainingSwitches", "try_training_tricks"]
@@ -295,7 +295,12 @@ def try_training_tricks(
             baseline and stays within this many bytes, whatever its speed.
         batch_sizes: also time the baseline step at each of these batch sizes, by throughput (samples per
             second); ``make_batch`` must then take ``batch_size=`` (``report.batch_sizes``).
-        progress: progress bars over the long steps (timing); the main command switches them off.
+        progress: progress bars over the long steps (compiles, timing); the main command switches them off.
+
+    ``torch.compile``'s first step is timed as a reader pays it: in fresh processes, with empty caches and with a
+    warm on-disk cache (``compile_cost``, on the model and loss exported together with ``torch.export``), and
+    the row says after how many steps it pays back. A model ``torch.export`` cannot export is timed in this
+    process from empty caches, and the row says so.
 
     Returns:
         An ``AdviceReport``: ``rows``, ``recommended``, ``stacked``, ``code()``; shown as a table in Jupyter.
@@ -339,7 +344,7 @@ def try_training_tricks(
     env = describe()
     rows: dict[str, TrickRow] = {}
     steps: dict[str, Callable[[], object]] = {"baseline": base.step}
-    compile_first = None
+    compile_cost_found, compile_first, compile_why = None, None, ""  # torch.compile's first step, when it ran
     for name in chosen:
         reason = _not_applicable(name, base.model, inputs, base.optimizer, dev, env)
         if reason is not None:
@@ -349,8 +354,18 @@ def try_training_tricks(
             rows[name] = spent_row(name)
             continue
         try:
+            cache = contextlib.nullcontext()
+            if name == "torch.compile":
+                compile_cost_found, compile_why = fresh_process_compile_cost(
+                    LossOf(make_model().to(dev).train(), loss_fn),
+                    (*inputs, targets),
+                    "compiled(*inputs).backward()",
+                    dev,
+                    progress,
+                )
+                if compile_cost_found is None:  # measured here instead: from empty caches, as a first run pays it
+                    cache = fresh_compile_cache()
             variant = loop(SWITCH_OF[name])
-            cache = fresh_compile_cache() if name == "torch.compile" else contextlib.nullcontext()
             box: list[StepResult] = []
             with cache:
                 first = time_first_call(lambda v=variant, b=box: b.append(v.checked_step()), device=dev)
@@ -361,7 +376,7 @@ def try_training_tricks(
         note = ""
         if name == "torch.compile":
             compile_first = first
-            note = f"first step {first:.1f} s (compile, cold cache, in this process)"
+            note = first_call_note(compile_cost_found, first, "step", compile_why)
         errors = (("loss", result.loss_error), ("gradients", result.grad_error), ("update", result.update_error))
         rows[name] = TrickRow(
             name,
@@ -387,7 +402,9 @@ def try_training_tricks(
         progress=progress,
     )
     if comparison is not None and "torch.compile" in comparison.names:
-        rows["torch.compile"] = _with_break_even(rows["torch.compile"], comparison, compile_first)
+        rows["torch.compile"] = with_break_even(
+            rows["torch.compile"], comparison, compile_cost_found, compile_first, "steps"
+        )
     report = AdviceReport(
         kind="training",
         device=str(dev),
@@ -452,20 +469,6 @@ def _time_batch_sizes(
         label="the baseline training step by batch size (throughput)",
         progress=progress,
     )
-
-
-def _with_break_even(row: TrickRow, comparison: Comparison, first_call: float | None) -> TrickRow:
-    """The compile's first step against the steady-state saving: the steps it takes to pay back."""
-    if first_call is None:
-        return row
-    eager, compiled = comparison["baseline"].measurement, comparison["torch.compile"].measurement
-    saving = eager.median - compiled.median
-    extra = first_call - compiled.median
-    if row.outcome is Outcome.FASTER and saving > 0:
-        pays = f"pays back after about {extra / saving:,.0f} steps"
-    else:
-        pays = "never pays back here (not significantly faster)"
-    return replace(row, note=f"{row.note}; {pays}")
 
 
 def _stack(

@@ -43,8 +43,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # The notebooks whose claims are GPU claims (AMP, channels_last, cuDNN autotuning, the allocator, the
-# capstone's ladder, determinism's cost, pinned copies, lower precision), most quoted first.
-GPU_CLAIM_NOTEBOOKS = ("02", "03", "08", "07", "01", "05")
+# capstone's ladder, determinism's cost, pinned copies, lower precision, PyTorch 2's CUDA graphs, float8 and
+# allocator switches), most quoted first.
+GPU_CLAIM_NOTEBOOKS = ("02", "03", "08", "07", "01", "05", "10")
 # The unit tests that exercise CUDA (they skip themselves on a CPU).
 GPU_TESTS = ("tests/test_gpu_capabilities.py", "tests/test_memory.py", "tests/test_comparing.py", "tests/test_env.py")
 MAX_OUTPUT_FILES = 8  # what the device machine brings back
@@ -57,7 +58,7 @@ WHEELS = (
     "nest_asyncio platformdirs fastjsonschema jsonschema jsonschema-specifications referencing rpds-py "
     "ipython ipython_pygments_lexers decorator jedi parso matplotlib-inline pexpect ptyprocess "
     "prompt_toolkit wcwidth stack_data asttokens executing pure_eval "
-    "webdataset braceexpand lmdb tfrecord crc32c simplejpeg torchao torch-pruning"
+    "webdataset braceexpand lmdb tfrecord crc32c simplejpeg torchao torch-pruning torchdata"
 ).split()
 
 

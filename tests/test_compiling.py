@@ -150,3 +150,27 @@ def test_calls_to_pay_off_from_a_first_call_and_the_two_steady_states():
         calls_to_pay_off(0.0, 0.3, 0.1)
     with pytest.raises(TypeError, match="eager_seconds"):
         calls_to_pay_off(1.0, "0.3", 0.1)
+
+
+@pytest.mark.slow
+def test_first_call_in_fresh_process_times_setup_and_call_in_a_new_interpreter_with_its_own_cache(tmp_path):
+    from tricks_lib.compiling import FreshProcessCall, first_call_in_fresh_process
+
+    log = tmp_path / "env.txt"
+    setup = f"""
+        import os, torch
+        open({str(log)!r}, "w").write(f"{{os.getpid()}} {{os.environ['TORCHINDUCTOR_CACHE_DIR']}}")
+        x = torch.ones(3)
+    """
+    found = first_call_in_fresh_process(setup, "x + 1", device="cpu", cache_folder=tmp_path / "cache")
+    assert isinstance(found, FreshProcessCall) and "first call" in repr(found)
+    pid, cache = log.read_text().split()
+    assert int(pid) != os.getpid() and cache == str(tmp_path / "cache")
+    assert found.first_call_seconds > 0 and found.setup_seconds > 0
+    assert found.process_seconds > found.import_torch_seconds + found.setup_seconds
+    first_call_in_fresh_process(setup, "x + 1", device="cpu")  # a new empty cache folder, removed afterwards
+    assert log.read_text().split()[1] != cache
+    with pytest.raises(TypeError, match="cache_folder"):
+        first_call_in_fresh_process(setup, "x", cache_folder=3)
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        first_call_in_fresh_process("1 / 0", "None", device="cpu")

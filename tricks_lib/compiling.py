@@ -40,8 +40,10 @@ from tricks_lib.timing import time_first_call
 __all__ = [
     "BreakEven",
     "CompileCost",
+    "FreshProcessCall",
     "calls_to_pay_off",
     "compile_cost",
+    "first_call_in_fresh_process",
     "fresh_compile_cache",
 ]
 
@@ -281,6 +283,74 @@ def _run_child(
     raise RuntimeError(f"compile_cost: the fresh process failed (exit code {done.returncode}):\n{tail}")
 
 
+def _check_setup_and_call(setup: object, call: object, timeout: object):
+    """The compiled ``call`` expression, once ``setup``, ``call`` and ``timeout`` are checked."""
+    if not isinstance(setup, str):
+        raise TypeError(f"setup must be Python source code (a str), got {type(setup).__name__}")
+    if not isinstance(call, str):
+        raise TypeError(f"call must be an expression (a str) such as 'f(x)', got {type(call).__name__}")
+    if not call.strip():
+        raise ValueError("call is empty: pass the expression to time, e.g. 'f(x)'")
+    try:
+        call_code = compile(call.strip(), "<compile_cost call>", "eval")
+    except SyntaxError as err:
+        raise ValueError(f"call must be a single expression such as 'f(x)': {err}") from err
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    return call_code
+
+
+@dataclass(frozen=True)
+class FreshProcessCall:
+    """One fresh interpreter's costs, in the order a reader's new process pays them."""
+
+    import_torch_seconds: float  # `import torch`
+    setup_seconds: float  # the setup source: building or loading the model (a package's load time)
+    first_call_seconds: float  # the first call, device-synchronized
+    process_seconds: float  # the whole process, interpreter start to exit
+
+    def __repr__(self) -> str:
+        return (
+            f"FreshProcessCall(import torch {format_seconds(self.import_torch_seconds)}, setup "
+            f"{format_seconds(self.setup_seconds)}, first call {format_seconds(self.first_call_seconds)})"
+        )
+
+
+def first_call_in_fresh_process(
+    setup: str,
+    call: str,
+    *,
+    device: str | torch.device | None = None,
+    cache_folder: str | os.PathLike | None = None,
+    timeout: float = 900.0,
+) -> FreshProcessCall:
+    """Run ``setup`` in a fresh interpreter and time it and the first ``call``, as a new process pays them.
+
+    For one-off costs ``compile_cost`` does not cover: a package's load time (AOTInductor), a first call after
+    loading saved compile artifacts. ``setup`` and ``call`` are as in ``compile_cost``.
+
+    Args:
+        cache_folder: Inductor's cache folder for the process (``TORCHINDUCTOR_CACHE_DIR``); None gives it a new
+            empty one, removed afterwards: the process then finds nothing a previous one compiled.
+        device, timeout: as in ``compile_cost``.
+
+    Raises:
+        TypeError / ValueError: as ``compile_cost``.
+        RuntimeError: the process failed (the message ends with its error) or timed out.
+    """
+    _check_setup_and_call(setup, call, timeout)
+    if cache_folder is not None and not isinstance(cache_folder, (str, os.PathLike)):
+        raise TypeError(f"cache_folder must be a folder path or None, got {type(cache_folder).__name__}")
+    dev = pick_device(device) if device is not None else pick_device()
+    folder = tempfile.mkdtemp(prefix="tricks-inductor-") if cache_folder is None else os.fspath(cache_folder)
+    try:
+        found, wall = _run_child(textwrap.dedent(setup), call.strip(), dev, folder, timeout, {}, False)
+    finally:
+        if cache_folder is None:
+            shutil.rmtree(folder, ignore_errors=True)
+    return FreshProcessCall(found["import_torch"], found["setup"], found["first_call"], wall)
+
+
 def compile_cost(
     setup: str,
     call: str,
@@ -322,18 +392,7 @@ def compile_cost(
         RuntimeError: a fresh process failed (the message ends with its error) or timed out.
         Whatever ``torch.compile`` raises in this process where it cannot run.
     """
-    if not isinstance(setup, str):
-        raise TypeError(f"setup must be Python source code (a str), got {type(setup).__name__}")
-    if not isinstance(call, str):
-        raise TypeError(f"call must be an expression (a str) such as 'f(x)', got {type(call).__name__}")
-    if not call.strip():
-        raise ValueError("call is empty: pass the expression to time, e.g. 'f(x)'")
-    try:
-        call_code = compile(call.strip(), "<compile_cost call>", "eval")
-    except SyntaxError as err:
-        raise ValueError(f"call must be a single expression such as 'f(x)': {err}") from err
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    call_code = _check_setup_and_call(setup, call, timeout)
     for name, flag in (("progress", progress), ("no_grad", no_grad), ("here", here)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be True or False, got {flag!r}")

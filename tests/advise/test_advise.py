@@ -335,7 +335,10 @@ def test_a_model_torch_export_cannot_take_is_compiled_here_and_the_row_says_why(
     cost, why = compile_first.fresh_process_compile_cost(small_cnn(), (batch()[0],), "compiled(*inputs)", "cpu", False)
     assert cost is None and why == "data-dependent control flow"
     note = compile_first.first_call_note(None, 2.5, "step", why)
-    assert note == "first step 2.5 s in this process, cold cache (torch.export could not export it: data-dependent control flow)"
+    assert (
+        note
+        == "first step 2.5 s in this process, cold cache (torch.export could not export it: data-dependent control flow)"
+    )
 
 
 def test_the_loss_module_computes_the_loss_of_the_models_output_on_the_last_argument_as_targets():

@@ -112,6 +112,33 @@ TRICK_CALLS = {
             "backward",
         ],
     },
+    "10_pytorch2": {
+        "Compile modes": ["torch.compile", "mode=", "inductor_config.patch", "freezing="],
+        "Shapes that change": ["torch.compile", "dynamic="],
+        "Regional compilation": ["block.compile"],
+        "Compile caches": ["torch.compiler.save_cache_artifacts", "torch.compiler.load_cache_artifacts"],
+        "Graph breaks": ["torch._dynamo.explain", "fullgraph=", "torch.where"],
+        "Attention kernels": ["F.scaled_dot_product_attention", "sdpa_kernel", "create_block_mask", "flex_attention"],
+        "Export for deployment": [
+            "torch.export.export",
+            "torch._inductor.aoti_compile_and_package",
+            "torch._inductor.aoti_load_package",
+        ],
+        "Sharding on one box": [
+            "fully_shard",
+            "DDP",
+            "register_comm_hook",
+            "init_process_group",
+            "destroy_process_group",
+        ],
+        "Memory on CUDA": [
+            "torch.autograd.graph.save_on_cpu",
+            "torch.cuda.memory._record_memory_history",
+            "torch.cuda.memory._dump_snapshot",
+        ],
+        "Newer loading": ["DataLoader", "in_order=", "StatefulDataLoader", "state_dict", "load_state_dict"],
+        "GPU only": ["torch.cuda.graph", "replay", "convert_to_float8_training"],
+    },
 }
 MEDIAN_NAMES, MAX_NAMES = 12, 24  # library names a notebook imports
 FULL_SECONDS, ALL_FULL_SECONDS, QUICK_SECONDS = 600, 1800, 120  # the reader's time budget, per notebook and all

@@ -51,7 +51,7 @@ COLAB_MARKERS = {
 MAY_UPGRADE = {
     "05_inference": {"protobuf": "ONNX (the infer extra) needs protobuf >= 6.31; 05 alone installs it"},
 }
-INSTALL = re.compile(r'%pip install -q "tricks_lib(?:\[([a-z,]+)\])? @ git\+\{REPOSITORY\}"')
+INSTALL = re.compile(r'%pip install -q "tricks_lib(?:\[([a-z0-9,]+)\])? @ git\+\{REPOSITORY\}"')
 
 
 def project():

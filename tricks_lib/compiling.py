@@ -89,7 +89,8 @@ _CHILD = textwrap.dedent(
 
 @contextlib.contextmanager
 def fresh_compile_cache() -> Iterator[str]:
-    """Inside the block, ``torch.compile`` in this process starts from empty caches: in memory and on disk.
+    """Inside the block, ``torch.compile`` in this process starts from empty caches: in memory (Dynamo's graphs,
+    Inductor's code caches) and on disk.
 
     Yields the fresh cache folder. The previous cache folder setting is restored on exit. The folder is
     kept until the process ends (compiled kernels inside it may still be loaded lazily, e.g. at the
@@ -100,6 +101,9 @@ def fresh_compile_cache() -> Iterator[str]:
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
     os.environ[_CACHE_ENV_VAR] = folder
     torch._dynamo.reset()  # forget graphs compiled earlier in this process
+    from torch._inductor.utils import clear_caches  # imported here: importing Inductor takes seconds
+
+    clear_caches()  # ...and the kernels Inductor keeps in memory, which a new cache folder alone would not hide
     try:
         yield folder
     finally:

@@ -113,7 +113,7 @@ TRICK_CALLS = {
         ],
     },
     "10_pytorch2": {
-        "Compile modes": ["torch.compile", "mode=", "inductor_config.patch", "freezing="],
+        "Compile modes": ["torch.compile", "mode=", "inductor_config.freezing"],
         "Shapes that change": ["torch.compile", "dynamic="],
         "Regional compilation": ["block.compile"],
         "Compile caches": ["torch.compiler.save_cache_artifacts", "torch.compiler.load_cache_artifacts"],

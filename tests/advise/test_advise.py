@@ -294,14 +294,16 @@ def test_batch_sizes_time_the_baseline_by_throughput_and_need_a_batch_size_argum
         try_training_tricks(small_cnn, make_batch, F.cross_entropy, device="cpu", budget_s=5, progress="yes")
 
 
+def one_linear():
+    """One layer: the fewest kernels for the fresh processes of a compile's first call to build."""
+    torch.manual_seed(0)
+    return nn.Linear(16, 4)
+
+
 @pytest.mark.slow
 def test_the_compiled_forward_pays_its_first_call_in_fresh_processes_and_says_when_it_pays_back():
-    def mlp():  # one layer: the fewest kernels to build in the fresh processes
-        torch.manual_seed(0)
-        return nn.Linear(16, 4)
-
     report = try_inference_tricks(
-        mlp,
+        one_linear,
         lambda: torch.randn(64, 16, generator=torch.Generator().manual_seed(0)),
         device="cpu",
         tricks=["torch.compile"],
@@ -316,12 +318,8 @@ def test_the_compiled_forward_pays_its_first_call_in_fresh_processes_and_says_wh
 
 @pytest.mark.slow
 def test_the_compiled_training_step_pays_its_first_step_in_fresh_processes_model_and_loss_exported_together():
-    def linear():  # one layer: the fewest kernels to build in the fresh processes
-        torch.manual_seed(0)
-        return nn.Linear(16, 4)
-
     report = try_training_tricks(
-        linear,
+        one_linear,
         lambda: (torch.randn(8, 16, generator=torch.Generator().manual_seed(0)), torch.randint(0, 4, (8,))),
         F.cross_entropy,
         device="cpu",

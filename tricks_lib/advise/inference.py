@@ -161,8 +161,9 @@ def _compiled_call(make_model, inputs, device: torch.device, progress: bool):
     )
     # The timed variant is your own module compiled here (the exported module is for the fresh processes only: it
     # checks its inputs on every call, which would be timed too).
+    # Its first call here is the row's cost only where the fresh processes could not run: only then from empty caches.
     call = _build(make_model, inputs, device, InferenceSwitches(compile=True))
-    with fresh_compile_cache():
+    with fresh_compile_cache() if cost is None else contextlib.nullcontext():
         first = time_first_call(call, device=device)
     return call, cost, first, first_call_note(cost, first, "call", why)
 
